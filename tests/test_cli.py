@@ -1,0 +1,91 @@
+"""The command line: help, one-line configuration errors, Hydra's own features."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import run_cli
+from transformer_mt.cli import explain_composition_error, main
+
+
+def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in ("train", "evaluate", "translate"):
+        assert command in out
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("model.d_model=250", "model.d_model=250 is not divisible by model.n_heads=4"),
+        ("dataset=nope", "dataset=nope is not a known option; choose one of: opus_books, tatoeba"),
+        ("training.lr=abc", "training.lr=abc"),
+        ("training.lrr=1", "'training.lrr' is not a known key"),
+        ("+foo=1", "'foo' is not a known key"),
+        ("model.dropout=-0.1", "model.dropout=-0.1 is out of range"),
+        ("tokenizer=bogus", "tokenizer=bogus is not a known option"),
+        ("training.scheduler=linear", "training.scheduler='linear' is not allowed"),
+        ("tokenizer.vocab_size=3", "tokenizer.vocab_size=3 is out of range"),
+    ],
+)
+def test_bad_config_fails_at_once_with_one_line(
+    override: str, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["train", override]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and expected in err
+    assert len(err.splitlines()) == 1
+
+
+def test_every_problem_is_reported_together(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "model.dropout=2", "training.epochs=0"]) == 2
+    err = capsys.readouterr().err
+    assert "model.dropout" in err and "training.epochs" in err
+
+
+def test_unknown_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bogus"]) == 2
+    assert "choose one of: train, evaluate, translate" in capsys.readouterr().err
+
+
+def test_sweep_values_are_checked_before_launch(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "-m", "model=tiny,nope"]) == 2
+    assert "model=nope is not a known option" in capsys.readouterr().err
+
+
+def test_hydra_cfg_job_prints_the_composed_config() -> None:
+    result = run_cli("train", "--cfg", "job", "model=tiny", "training.lr=5e-4")
+    assert result.returncode == 0, result.stderr
+    assert "d_model: 64" in result.stdout and "lr: 0.0005" in result.stdout
+
+
+def test_each_command_has_its_own_config() -> None:
+    for command, key in (("evaluate", "split: test"), ("translate", "scores: false")):
+        result = run_cli(command, "--cfg", "job")
+        assert result.returncode == 0, result.stderr
+        assert key in result.stdout and "decoding:" in result.stdout
+
+
+def test_missing_checkpoint_is_one_line() -> None:
+    result = run_cli("translate", "checkpoint=/nonexistent/run", "text=Hello")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: checkpoint path /nonexistent/run does not exist; give a .pt file or a run directory"
+    ]
+
+
+def test_explain_falls_back_to_one_line() -> None:
+    assert "\n" not in explain_composition_error(ValueError("first\nsecond"))
+
+
+def test_shell_completion_suggests_groups() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COMP_LINE": "transformer-mt train mod", "COMP_POINT": "24"}
+    result = subprocess.run([sys.executable, "-m", "transformer_mt", "-sc", "query=bash"],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "model=" in result.stdout

@@ -1,0 +1,110 @@
+"""End to end on real Tatoeba pairs: train the tiny model, resume it, evaluate and translate with it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli, tiny_overrides
+from transformer_mt.checkpoint import load_checkpoint
+
+
+def _scalars(run_dir: Path) -> dict[str, list[float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
+    """A 2-epoch tiny run, shared by the tests below."""
+    run_dir = tmp_path_factory.mktemp("runs") / "tiny"
+    result = run_cli("train", *tiny_overrides(corpus, run_dir, **{"training.log_every": 1}))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def test_training_writes_a_complete_run(trained_run: Path) -> None:
+    for name in ("epoch_001.pt", "epoch_002.pt", "best.pt", "latest.pt", "tokenizer.json",
+                 "split/valid.tsv", "split/test.tsv", ".hydra/config.yaml", "metrics.jsonl"):
+        assert (trained_run / name).exists(), name
+    scalars = _scalars(trained_run)
+    for tag in ("valid/bleu", "valid/chrf", "valid/cer", "valid/wer", "valid/loss", "train/loss",
+                "train/lr", "train/grad_norm", "train/tgt_tokens_per_s"):
+        assert tag in scalars, tag
+    assert len(scalars["valid/bleu"]) == 2
+    losses = scalars["train/loss"]
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3, "training loss did not fall"
+    epochs = [json.loads(line) for line in (trained_run / "metrics.jsonl").read_text().splitlines()]
+    assert [e["epoch"] for e in epochs] == [1, 2]
+
+
+def test_checkpoint_describes_itself(trained_run: Path) -> None:
+    state = load_checkpoint(trained_run / "latest.pt")
+    assert state["epoch"] == 2 and state["batch_in_epoch"] == 0 and state["step"] > 0
+    assert state["model_config"]["d_model"] == 64
+    assert state["config"]["training"]["epochs"] == 2
+    for key in ("optimizer", "scheduler", "scaler", "rng", "tokenizer", "best"):
+        assert key in state
+
+
+def test_resume_continues_with_the_same_schedule(trained_run: Path, corpus: Path) -> None:
+    before = load_checkpoint(trained_run / "latest.pt")
+    result = run_cli("train", f"resume={trained_run}", "training.epochs=3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resumed at epoch 3" in result.stdout + result.stderr
+    after = load_checkpoint(trained_run / "latest.pt")
+    assert after["epoch"] == 3
+    assert after["step"] > before["step"]
+    assert after["scheduler"]["last_epoch"] == after["step"]  # the schedule went on, not restarted
+    assert (trained_run / "epoch_003.pt").exists()
+
+
+def test_evaluate_reports_all_metrics(trained_run: Path) -> None:
+    result = run_cli("evaluate", f"checkpoint={trained_run}", "decoding.beam_size=2",
+                     "max_sentences=20", "device=cpu")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "BLEU" in result.stdout and "nrefs:1|case:mixed" in result.stdout
+    reports = list((trained_run / "eval").glob("test.*.beam2.json"))
+    report = json.loads(reports[0].read_text())
+    for key in ("bleu", "chrf", "cer", "wer", "sentences_per_s", "tokens_per_s"):
+        assert key in report
+
+
+def test_translate_keeps_lines_aligned(trained_run: Path) -> None:
+    lines = "He is sleeping.\n\nI am cold, \"really\" = yes.\n"
+    result = run_cli("translate", f"checkpoint={trained_run}", "device=cpu", input=lines)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout.split("\n")
+    assert len(out) == 4 and out[1] == "" and out[3] == ""
+
+
+def test_translate_text_argument_is_verbatim(trained_run: Path) -> None:
+    result = run_cli("translate", f"checkpoint={trained_run}", "text=Hi, it's me = \"Tom\"!",
+                     "decoding.n_best=2", "decoding.beam_size=2", "scores=true")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = result.stdout.strip("\n").split("\n")
+    assert len(rows) == 2 and rows[0].startswith("1\t") and rows[1].startswith("2\t")
+
+
+def test_translate_rejects_non_utf8(trained_run: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("Ça va?\n".encode("latin-1"))
+    result = run_cli("translate", f"checkpoint={trained_run}", f"input={bad}")
+    assert result.returncode == 2
+    assert "line 1 is not UTF-8" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_translate_file_to_file_and_long_input(trained_run: Path, tmp_path: Path) -> None:
+    src = tmp_path / "in.txt"
+    src.write_text("Hello.\n" + "very " * 400 + "long\n", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    result = run_cli("translate", f"checkpoint={trained_run}", f"input={src}", f"output={out}",
+                     "decoding.beam_size=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 2
+    assert "were cut" in result.stderr

@@ -1,0 +1,118 @@
+"""Checkpoint files: atomic writes, safe loads, and finding the right file in a run directory.
+
+A checkpoint describes itself (model config, run config, tokenizer, optimizer, scheduler, RNG state,
+position in training), so evaluate, translate and resume need nothing else. Files are written to a
+temporary name, fsynced and renamed, so a crash never leaves a half-written checkpoint behind.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT_VERSION = 1
+BEST = "best.pt"
+LATEST = "latest.pt"
+_EPOCH_FILE = re.compile(r"^epoch_(\d+)\.pt$")
+_REQUIRED = ("format_version", "model_config", "model", "tokenizer", "config")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, corrupt, unsafe or does not fit the current run."""
+
+
+def atomic_write(path: Path, write: Any) -> None:
+    """Call `write(file)` on a temporary file beside `path`, fsync it, then rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def save_checkpoint(state: dict[str, Any], path: Path) -> None:
+    """Write a checkpoint atomically."""
+    atomic_write(path, lambda f: torch.save({"format_version": FORMAT_VERSION, **state}, f))
+
+
+def link_checkpoint(source: Path, alias: Path) -> None:
+    """Point `alias` (best.pt, latest.pt) at `source` atomically: a hard link, or a copy if not possible."""
+    tmp = alias.with_name(f".{alias.name}.link")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+        os.replace(tmp, alias)
+    except OSError:
+        atomic_write(alias, lambda f: f.write(source.read_bytes()))
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load safely (`weights_only=True`: no code runs) and check it is one of ours."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as ex:
+        raise CheckpointError(f"checkpoint {path} was refused: it holds objects other than tensors "
+                              f"and plain data, which could run code when loaded ({_first_line(ex)})") from ex
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as ex:
+        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({_first_line(ex)}); "
+                              "use an earlier checkpoint of the run") from ex
+    if not isinstance(state, dict) or any(key not in state for key in _REQUIRED):
+        raise CheckpointError(f"{path} is not a transformer-mt checkpoint "
+                              "(missing model, config or tokenizer)")
+    if state["format_version"] > FORMAT_VERSION:
+        raise CheckpointError(f"{path} was written by a newer transformer-mt; upgrade to load it")
+    return state
+
+
+def _first_line(ex: BaseException) -> str:
+    text = str(ex).strip().splitlines()
+    return text[0][:200] if text else type(ex).__name__
+
+
+def epoch_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's epoch checkpoints, oldest first."""
+    found = [(int(m.group(1)), p) for p in run_dir.glob("epoch_*.pt") if (m := _EPOCH_FILE.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def resolve_checkpoint(path: str | Path, prefer: str = BEST) -> Path:
+    """A file is used as given; a run directory means its best (or latest) checkpoint."""
+    path = Path(path).expanduser()
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint path {path} does not exist; give a .pt file or a run directory")
+    for name in (prefer, BEST, LATEST):
+        if (path / name).is_file():
+            return path / name
+    epochs = epoch_checkpoints(path)
+    if epochs:
+        return epochs[-1]
+    raise CheckpointError(f"no checkpoint in {path}; expected {BEST}, {LATEST} or epoch_NNN.pt")
+
+
+def prune_epoch_checkpoints(run_dir: Path, keep_last: int) -> None:
+    """Delete all but the newest `keep_last` epoch files (best.pt is a separate link and survives)."""
+    for old in epoch_checkpoints(run_dir)[:-keep_last]:
+        old.unlink(missing_ok=True)

@@ -1,0 +1,55 @@
+"""Corpus-level translation metrics: BLEU and chrF from sacrebleu, CER and WER from jiwer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jiwer
+import sacrebleu
+
+
+@dataclass
+class Scores:
+    """Metrics of one hypothesis set against one reference set; signatures make BLEU reproducible."""
+
+    bleu: float
+    chrf: float
+    cer: float  # character error rate, in [0, ...), lower is better
+    wer: float
+    bleu_signature: str
+    chrf_signature: str
+    n: int
+
+    def as_dict(self) -> dict[str, float | str | int]:
+        """Plain dict for JSON reports and logs."""
+        return dict(self.__dict__)
+
+
+def score(hypotheses: list[str], references: list[str]) -> Scores:
+    """Score with a single reference per sentence; empty references are skipped by CER/WER only."""
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    if not hypotheses:
+        raise ValueError("no sentences to score")
+    bleu = sacrebleu.metrics.BLEU()
+    chrf = sacrebleu.metrics.CHRF()
+    bleu_score = bleu.corpus_score(hypotheses, [references])
+    chrf_score = chrf.corpus_score(hypotheses, [references])
+    # jiwer rejects empty references; an empty hypothesis is simply all deletions.
+    kept = [(h, r) for h, r in zip(hypotheses, references) if r.strip()]
+    hyps = [h if h.strip() else "" for h, _ in kept]
+    refs = [r for _, r in kept]
+    cer = jiwer.cer(refs, hyps) if kept else 0.0
+    wer = jiwer.wer(refs, hyps) if kept else 0.0
+    return Scores(
+        bleu=float(bleu_score.score),
+        chrf=float(chrf_score.score),
+        cer=float(cer),
+        wer=float(wer),
+        bleu_signature=str(bleu.get_signature()),
+        chrf_signature=str(chrf.get_signature()),
+        n=len(hypotheses),
+    )
+
+
+HIGHER_IS_BETTER = {"bleu": True, "chrf": True, "loss": False, "cer": False, "wer": False}

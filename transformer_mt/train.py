@@ -1,0 +1,400 @@
+"""The `train` job: from a typed config to checkpoints, in one readable loop.
+
+setup (data, tokenizer, model, optimiser, schedule, logging) → for each epoch: train on shuffled token
+batches, validate (loss, BLEU, chrF, CER, WER), checkpoint. Every checkpoint records the position
+inside the epoch and all random state, so `resume=` continues exactly where the run stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from transformer_mt import checkpoint as ckpt
+from transformer_mt.config import ConfigError, TrainConfig, TrainingConfig
+from transformer_mt.data import EncodedSplit, PreparedData, TokenBatchSampler, collate, prepare_data
+from transformer_mt.metrics import HIGHER_IS_BETTER, Scores, score
+from transformer_mt.model import Transformer, TransformerConfig
+from transformer_mt.predict import decode_ids
+from transformer_mt.runtime import (
+    amp_dtype,
+    autocast,
+    configure_threads,
+    rng_state,
+    seed_everything,
+    select_device,
+    set_rng_state,
+)
+from transformer_mt.tokenizer import PAD_ID, Vocabulary
+
+log = logging.getLogger(__name__)
+
+
+def lr_lambda(training: TrainingConfig, total_steps: int) -> Any:
+    """Learning-rate multiplier per optimizer step: linear warm-up, then the chosen decay."""
+    warmup = training.warmup_steps
+
+    def factor(step: int) -> float:
+        step += 1
+        if warmup and step < warmup:
+            return step / warmup
+        if training.scheduler == "noam":  # inverse square root, equal to 1 at the end of warm-up
+            return math.sqrt(max(warmup, 1) / step)
+        if training.scheduler == "cosine":
+            progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+            floor = training.min_lr / training.lr
+            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+        return 1.0
+
+    return factor
+
+
+def build_model(cfg: TrainConfig, vocab: Vocabulary) -> Transformer:
+    """The model's dimensions come from the config; vocabulary sizes and pad id from the tokenizer."""
+    model_cfg = TransformerConfig(src_vocab_size=vocab.src_vocab_size,
+                                  tgt_vocab_size=vocab.tgt_vocab_size, pad_id=PAD_ID,
+                                  **dataclasses.asdict(cfg.model))
+    return Transformer(model_cfg)
+
+
+class _Interrupt:
+    """First SIGINT/SIGTERM: finish the step and save; a second one stops at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Interrupt:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (e.g. some launchers): no graceful stop
+                pass
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        log.warning("interrupt received: saving a checkpoint after this step (again to quit now)")
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class Trainer:
+    """Owns the model, optimiser, schedule and data of one run, and the loop that trains them."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path, overrides: list[str] | None = None):
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.overrides = overrides or []
+        run_dir.mkdir(parents=True, exist_ok=True)
+        configure_threads(cfg.device)
+        self.device = select_device(cfg.device)
+        self.amp = amp_dtype(cfg.device, self.device)
+        seed_everything(cfg.seed)
+
+        resume_state = self._load_resume_state()
+        vocab = Vocabulary.from_json(resume_state["tokenizer"]) if resume_state else None
+        self.data: PreparedData = prepare_data(cfg.dataset, cfg.tokenizer, run_dir, vocab=vocab)
+        self.vocab = self.data.vocab
+        self.model = build_model(cfg, self.vocab).to(self.device)
+        t = cfg.training
+        fused = self.device.type == "cuda"
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=tuple(t.betas),
+                                           eps=t.eps, weight_decay=t.weight_decay, fused=fused or None)
+        self.sampler = TokenBatchSampler(self.data.train.lengths(), t.batch_tokens, shuffle=True,
+                                         seed=cfg.seed)
+        steps_per_epoch = math.ceil(len(self.sampler) / t.accumulate)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(t, steps_per_epoch * t.epochs))
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == torch.float16)
+
+        self.epoch = 0  # the epoch in progress (0-based)
+        self.batch_in_epoch = 0  # micro-batches of it already done
+        self.step = 0  # optimizer steps
+        self.best: dict[str, Any] = {"metric": t.best_metric, "value": None, "epoch": None}
+        self.bad_epochs = 0
+        self.train_seconds = 0.0
+        if resume_state:
+            self._restore(resume_state)
+
+        from torch.utils.tensorboard import SummaryWriter  # slow import, only for training
+
+        self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=self.step or None)
+        log.info("run directory: %s", run_dir)
+        log.info("device %s%s, %d threads; model %.2fM parameters; %s", self.device,
+                 f" (amp {self.amp})" if self.amp else "", torch.get_num_threads(),
+                 self.model.num_parameters() / 1e6, self.data.summary())
+
+    # -- resume ---------------------------------------------------------------------------------
+    def _load_resume_state(self) -> dict[str, Any] | None:
+        if not self.cfg.resume:
+            return None
+        path = ckpt.resolve_checkpoint(self.cfg.resume, prefer=ckpt.LATEST)
+        log.info("resuming from %s", path)
+        return ckpt.load_checkpoint(path, map_location="cpu")
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        expected = dataclasses.asdict(self.model.config)
+        if state["model_config"] != expected:
+            diff = [f"model.{k}: checkpoint {state['model_config'].get(k)!r} vs config {v!r}"
+                    for k, v in expected.items() if state["model_config"].get(k) != v]
+            raise ckpt.CheckpointError("cannot resume: the checkpoint's model differs from the config "
+                                       f"({'; '.join(diff)}); drop those overrides")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.epoch, self.batch_in_epoch, self.step = state["epoch"], state["batch_in_epoch"], state["step"]
+        self.best, self.bad_epochs = state["best"], state["bad_epochs"]
+        self.train_seconds = state["train_seconds"]
+        set_rng_state(state["rng"])
+        log.info("resumed at epoch %d, batch %d, step %d, lr %.3g", self.epoch + 1,
+                 self.batch_in_epoch, self.step, self.scheduler.get_last_lr()[0])
+
+    # -- the loop -------------------------------------------------------------------------------
+    def fit(self) -> float:
+        """Train until the epochs, the time budget or the patience run out; return the best metric."""
+        t = self.cfg.training
+        self._log_config_once()
+        stop_reason = ""
+        with _Interrupt() as interrupt:
+            while self.epoch < t.epochs and not stop_reason:
+                finished = self._train_epoch(interrupt)
+                if interrupt.requested:
+                    self._save(tag="interrupt")
+                    log.warning("stopped; continue with: transformer-mt train resume=%s", self.run_dir)
+                    return self._best_value()
+                if not finished:
+                    stop_reason = f"time budget of {t.max_minutes} minutes reached"
+                scores, valid_loss = self.validate()
+                improved = self._update_best(scores, valid_loss)
+                if finished:
+                    self.epoch += 1
+                    self.batch_in_epoch = 0
+                self._save(tag="epoch" if finished else "budget", improved=improved)
+                if t.patience and self.bad_epochs >= t.patience:
+                    stop_reason = f"no improvement in {t.patience} epochs"
+        if stop_reason:
+            log.info("stopping: %s", stop_reason)
+        self.writer.close()
+        log.info("best %s %.2f at epoch %s; checkpoints in %s", t.best_metric, self._best_value(),
+                 self.best["epoch"], self.run_dir)
+        return self._best_value()
+
+    def _out_of_time(self, started: float) -> bool:
+        budget = self.cfg.training.max_minutes
+        return budget is not None and self.train_seconds + time.perf_counter() - started > budget * 60
+
+    def _train_epoch(self, interrupt: _Interrupt) -> bool:
+        """One pass over the shuffled batches (from where a resumed run left off); False if out of time."""
+        t = self.cfg.training
+        batches = self.sampler.batches(self.epoch)
+        train = self.data.train
+        self.model.train()
+        started = time.perf_counter()
+        window_tokens, window_start, window_loss, window_batches = 0, time.perf_counter(), 0.0, 0
+        bar = tqdm(total=len(batches), initial=self.batch_in_epoch, desc=f"epoch {self.epoch + 1}",
+                   disable=not t.progress, dynamic_ncols=True, leave=False)
+        for index in range(self.batch_in_epoch, len(batches)):
+            batch = collate(*train.select(batches[index]), PAD_ID).to(self.device)
+            loss = self._loss(batch)
+            self.scaler.scale(loss / t.accumulate).backward()
+            self.batch_in_epoch = index + 1
+            window_tokens += batch.n_tgt_tokens
+            window_loss += loss.item()
+            window_batches += 1
+            if self.batch_in_epoch % t.accumulate and self.batch_in_epoch < len(batches):
+                continue
+            grad_norm = self._optimizer_step()
+            bar.update(self.batch_in_epoch - bar.n)
+            if self.step % t.log_every == 0 or self.batch_in_epoch == len(batches):
+                elapsed = time.perf_counter() - window_start
+                self._log_train(window_loss / window_batches, grad_norm, window_tokens / elapsed)
+                bar.set_postfix(loss=f"{window_loss / window_batches:.3f}",
+                                lr=f"{self.scheduler.get_last_lr()[0]:.2e}",
+                                tok_s=f"{window_tokens / elapsed:.0f}")
+                window_tokens, window_start, window_loss, window_batches = 0, time.perf_counter(), 0.0, 0
+            elif window_batches >= t.accumulate:
+                bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+            if t.save_every_steps and self.step % t.save_every_steps == 0:
+                self._save(tag="step")
+            if interrupt.requested:
+                break
+            if self._out_of_time(started):
+                self.train_seconds += time.perf_counter() - started
+                bar.close()
+                return False
+        self.train_seconds += time.perf_counter() - started
+        bar.close()
+        return self.batch_in_epoch == len(batches)
+
+    def _loss(self, batch: Any) -> torch.Tensor:
+        """Label-smoothed cross-entropy per target token, padding ignored."""
+        with autocast(self.device, self.amp):
+            logits = self.model(batch.src, batch.tgt_in)  # (B, T, V)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
+                               ignore_index=PAD_ID, label_smoothing=self.cfg.training.label_smoothing,
+                               reduction="sum")
+        return loss / batch.n_tgt_tokens
+
+    def _optimizer_step(self) -> float:
+        clip = self.cfg.training.clip_grad_norm
+        self.scaler.unscale_(self.optimizer)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if clip > 0:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+        else:
+            grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])))
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+        return grad_norm
+
+    # -- validation -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def validation_loss(self, split: EncodedSplit) -> float:
+        """Mean per-token negative log-likelihood (no label smoothing) with teacher forcing."""
+        self.model.eval()
+        total, tokens = 0.0, 0
+        sampler = TokenBatchSampler(split.lengths(), self.cfg.training.batch_tokens, shuffle=False,
+                                    seed=0)
+        for indices in sampler.batches(0):
+            batch = collate(*split.select(indices), PAD_ID).to(self.device)
+            with autocast(self.device, self.amp):
+                logits = self.model(batch.src, batch.tgt_in)
+            total += float(F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
+                                           ignore_index=PAD_ID, reduction="sum"))
+            tokens += batch.n_tgt_tokens
+        self.model.train()
+        return total / max(tokens, 1)
+
+    def validate(self) -> tuple[Scores, float]:
+        """Loss on the whole valid split; BLEU/chrF/CER/WER on its first `valid_max_sentences`."""
+        t = self.cfg.training
+        started = time.perf_counter()
+        valid = self.data.valid
+        valid_loss = self.validation_loss(valid)
+        n = min(t.valid_max_sentences, len(valid))
+        decoding = dataclasses.replace(self.cfg.decoding, beam_size=t.valid_beam_size, n_best=1,
+                                       sampling=False)
+        hyps = decode_ids(self.model, valid.src_ids[:n], decoding, self.device)
+        texts = self.vocab.decode_tgt([h[0].tokens for h in hyps])
+        scores = score(texts, valid.tgt_text[:n])
+        step = self.step
+        w = self.writer
+        w.add_scalar("valid/loss", valid_loss, step)
+        w.add_scalar("valid/ppl", math.exp(min(valid_loss, 50)), step)
+        for name in ("bleu", "chrf", "cer", "wer"):
+            w.add_scalar(f"valid/{name}", getattr(scores, name), step)
+        samples = "\n\n".join(f"    {valid.src_text[i]}\n    → {texts[i]}\n    ({valid.tgt_text[i]})"
+                              for i in range(min(t.num_samples, n)))
+        w.add_text("valid/samples", samples, step)
+        w.flush()
+        log.info("epoch %d valid: loss %.3f, BLEU %.2f, chrF %.2f, CER %.3f, WER %.3f (%d sentences, "
+                 "%.1fs)", self.epoch + 1, valid_loss, scores.bleu, scores.chrf, scores.cer, scores.wer,
+                 n, time.perf_counter() - started)
+        for i in range(min(t.num_samples, n)):
+            log.info("  %s → %s", valid.src_text[i], texts[i])
+        record = {"epoch": self.epoch + 1, "step": self.step, "valid_loss": valid_loss,
+                  "train_minutes": self.train_seconds / 60, **scores.as_dict()}
+        with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        return scores, valid_loss
+
+    def _update_best(self, scores: Scores, valid_loss: float) -> bool:
+        name = self.cfg.training.best_metric
+        value = valid_loss if name == "loss" else getattr(scores, name)
+        if not math.isfinite(value):  # a diverged model is never the best
+            self.bad_epochs += 1
+            return False
+        best = self.best["value"]
+        better = best is None or (value > best if HIGHER_IS_BETTER[name] else value < best)
+        if better:
+            self.best = {"metric": name, "value": value, "epoch": self.epoch + 1}
+            self.bad_epochs = 0
+        else:
+            self.bad_epochs += 1
+        return better
+
+    def _best_value(self) -> float:
+        return float("nan") if self.best["value"] is None else float(self.best["value"])
+
+    # -- checkpoints and logs -------------------------------------------------------------------
+    def _save(self, tag: str, improved: bool = False) -> None:
+        state = {
+            "model_config": dataclasses.asdict(self.model.config),
+            "config": OmegaConf.to_container(OmegaConf.structured(self.cfg), resolve=True),
+            "overrides": self.overrides,
+            "tokenizer": self.vocab.to_json(),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "epoch": self.epoch,
+            "batch_in_epoch": self.batch_in_epoch,
+            "step": self.step,
+            "best": self.best,
+            "bad_epochs": self.bad_epochs,
+            "train_seconds": self.train_seconds,
+            "rng": rng_state(),
+        }
+        if tag == "epoch":
+            path = self.run_dir / f"epoch_{self.epoch:03d}.pt"
+            ckpt.save_checkpoint(state, path)
+            ckpt.link_checkpoint(path, self.run_dir / ckpt.LATEST)
+            ckpt.prune_epoch_checkpoints(self.run_dir, self.cfg.training.keep_last)
+        else:
+            path = self.run_dir / ckpt.LATEST
+            ckpt.save_checkpoint(state, path)
+        if improved:
+            ckpt.link_checkpoint(path, self.run_dir / ckpt.BEST)
+        log.info("saved %s (%s, epoch %d, step %d)%s", path.name, tag, self.epoch, self.step,
+                 " — new best" if improved else "")
+
+    def _log_train(self, loss: float, grad_norm: float, tokens_per_s: float) -> None:
+        w = self.writer
+        w.add_scalar("train/loss", loss, self.step)
+        w.add_scalar("train/lr", self.scheduler.get_last_lr()[0], self.step)
+        w.add_scalar("train/grad_norm", grad_norm, self.step)
+        w.add_scalar("train/tgt_tokens_per_s", tokens_per_s, self.step)
+
+    def _log_config_once(self) -> None:
+        if self.step == 0:
+            text = OmegaConf.to_yaml(OmegaConf.structured(self.cfg))
+            self.writer.add_text("config", f"```\n{text}\n```", 0)
+
+
+def run_directory(cfg: TrainConfig) -> Path:
+    """Hydra's output directory for this run (it already follows checkpoint.dir and resume)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    if cfg.checkpoint.dir is None:
+        raise ConfigError("checkpoint.dir must be set when training outside the CLI")
+    return Path(cfg.checkpoint.dir)
+
+
+def train(cfg: TrainConfig) -> float:
+    """Entry point of `transformer-mt train`: the best validation metric, for sweepers."""
+    from hydra.core.hydra_config import HydraConfig
+
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    return Trainer(cfg, run_directory(cfg), overrides).fit()

@@ -1,0 +1,144 @@
+"""The `translate` job: sentences from the command line, a file, a pipe or an interactive prompt.
+
+Output keeps line alignment: one line out per line in (n lines with n-best), an empty line for an
+empty line. Lines are translated in chunks so a large file streams instead of filling memory.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TextIO
+
+from transformer_mt.checkpoint import atomic_write
+from transformer_mt.config import ConfigError, TranslateConfig
+from transformer_mt.runtime import configure_threads, select_device
+from transformer_mt.translator import Translation, Translator
+
+log = logging.getLogger(__name__)
+CHUNK_LINES = 2000  # lines translated together: big enough to batch well, small enough to stream
+
+
+class InputError(ConfigError):
+    """Input text that cannot be read (missing file, bytes that are not UTF-8)."""
+
+
+def read_lines(stream: io.BufferedIOBase, name: str) -> Iterator[str]:
+    """Decode UTF-8 line by line, naming the line that is not UTF-8."""
+    for number, raw in enumerate(stream, start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as ex:
+            raise InputError(f"{name} line {number} is not UTF-8 ({ex.reason} at byte {ex.start}); "
+                             "convert it first, e.g. iconv -f latin1 -t utf-8") from ex
+        yield line.rstrip("\r\n").lstrip("\ufeff") if number == 1 else line.rstrip("\r\n")
+
+
+def chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    """Group lines into lists of at most `size`."""
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def format_nbest(nbest: list[Translation], n_best: int, with_scores: bool) -> list[str]:
+    """Output lines for one input: the best, or n lines `rank<TAB>score<TAB>text` with n-best."""
+    if n_best == 1:
+        best = nbest[0]
+        return [f"{best.score:.4f}\t{best.text}" if with_scores else best.text]
+    padded = nbest + [Translation("", float("-inf"))] * (n_best - len(nbest))
+    return [f"{rank}\t{h.score:.4f}\t{h.text}" if with_scores else h.text
+            for rank, h in enumerate(padded[:n_best], start=1)]
+
+
+def interactive(engine: Translator, cfg: TranslateConfig) -> None:
+    """A prompt for a person at a terminal: one sentence at a time until EOF or Ctrl-C."""
+    print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return
+        for out in format_nbest(engine.translate_nbest([line])[0], cfg.decoding.n_best, cfg.scores):
+            print(out, flush=True)
+
+
+def write_attention_png(engine: Translator, sentence: str, path: Path) -> None:
+    """Cross-attention of the best hypothesis as a heatmap (needs matplotlib: the `plot` extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as ex:
+        raise ConfigError("attention_png needs matplotlib: pip install 'transformer-mt[plot]'") from ex
+    best = engine.translate_nbest([sentence], return_attention=True)[0][0]
+    if best.attention is None:
+        raise ConfigError("this decoding mode returns no attention; use decoding.sampling=false")
+    src_tokens = engine.vocab.src_tokens(sentence, add_eos=True)
+    out_tokens = [*(best.tokens or []), "</s>"]
+    weights = best.attention[: len(out_tokens), : len(src_tokens)].float().cpu().numpy()
+    fig, ax = plt.subplots(figsize=(1 + 0.45 * len(src_tokens), 1 + 0.4 * len(out_tokens)))
+    ax.imshow(weights, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(len(src_tokens)), src_tokens, rotation=60, ha="right")
+    ax.set_yticks(range(len(out_tokens)), out_tokens)
+    ax.set_xlabel("source")
+    ax.set_ylabel("translation")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
+    plt.close(fig)
+    atomic_write(path, lambda f: f.write(buffer.getvalue()))
+    log.info("attention heatmap written to %s", path)
+
+
+def translate(cfg: TranslateConfig) -> None:
+    """Entry point of `transformer-mt translate`."""
+    if not cfg.checkpoint:
+        raise ConfigError("checkpoint= is required: a .pt file or a run directory under saved_weights/")
+    configure_threads(cfg.device)
+    engine = Translator.from_checkpoint(cfg.checkpoint, device=select_device(cfg.device),
+                                        decoding=cfg.decoding, max_input_tokens=cfg.max_input_tokens)
+    if cfg.attention_png:
+        if cfg.text is None:
+            raise ConfigError("attention_png needs a sentence given as text=...")
+        write_attention_png(engine, cfg.text, Path(cfg.attention_png))
+
+    if cfg.text is not None:
+        lines: Iterable[str] = cfg.text.split("\n")
+    elif cfg.input:
+        path = Path(cfg.input)
+        if not path.is_file():
+            raise InputError(f"input file {path} does not exist")
+        lines = read_lines(path.open("rb"), str(path))
+    elif sys.stdin.isatty() and cfg.output is None:
+        interactive(engine, cfg)
+        return
+    else:
+        lines = read_lines(sys.stdin.buffer, "stdin")
+
+    out: TextIO
+    buffer = io.StringIO() if cfg.output else None
+    out = buffer if buffer is not None else sys.stdout
+    count = 0
+    for chunk in chunks(lines, CHUNK_LINES):
+        for nbest in engine.translate_nbest(chunk):
+            for line in format_nbest(nbest, cfg.decoding.n_best, cfg.scores):
+                out.write(line + "\n")
+        out.flush()
+        count += len(chunk)
+    if buffer is not None:
+        atomic_write(Path(cfg.output), lambda f: f.write(buffer.getvalue().encode("utf-8")))
+        log.info("%d lines translated into %s", count, cfg.output)
+    if engine.truncated:
+        log.warning("%d inputs were longer than %d tokens and were cut", engine.truncated,
+                    engine.max_input_tokens)
