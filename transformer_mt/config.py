@@ -310,8 +310,10 @@ def validate(cfg: Any) -> None:
         _range(found, "dataset.test_size", d.test_size, d.test_size >= 0, ">= 0")
         if d.src_lang == d.tgt_lang:
             found.append(f"dataset.src_lang and dataset.tgt_lang are both {d.src_lang!r}; pick en/fr")
-        _range(found, "tokenizer.vocab_size", tok.vocab_size, tok.vocab_size >= 8,
-               ">= 8 (room for the 4 special tokens)")
+        minimum = 260 if tok.kind == "bpe" else 5  # 4 specials, plus the 256 bytes for byte-level BPE
+        _range(found, "tokenizer.vocab_size", tok.vocab_size, tok.vocab_size >= minimum,
+               f">= {minimum} for tokenizer={tok.kind} (4 special tokens"
+               f"{' + 256 bytes' if tok.kind == 'bpe' else ' + 1 symbol'})")
         _range(found, "tokenizer.min_frequency", tok.min_frequency, tok.min_frequency >= 1, ">= 1")
     decoding = getattr(cfg, "decoding", None)
     if decoding is not None:
