@@ -108,3 +108,41 @@ def test_translate_file_to_file_and_long_input(trained_run: Path, tmp_path: Path
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(out.read_text(encoding="utf-8").splitlines()) == 2
     assert "were cut" in result.stderr
+
+
+def test_attention_heatmap_png(trained_run: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "attention.png"
+    result = run_cli("translate", f"checkpoint={trained_run}", "text=I am cold.", f"attention_png={png}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_validation_logs_an_attention_image(trained_run: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(trained_run / "tensorboard"))
+    acc.Reload()
+    assert "valid/cross_attention" in acc.Tags()["images"]
+
+
+def test_python_api(trained_run: Path) -> None:
+    from transformer_mt.translator import Translator
+
+    engine = Translator.from_checkpoint(trained_run, device="cpu")
+    single = engine.predict("He is sleeping.")
+    assert isinstance(single, str)
+    batch = engine.translate(["He is sleeping.", "", "I am cold."], beam_size=3)
+    assert len(batch) == 3 and batch[1] == ""
+    assert engine.translate(["He is sleeping.", "I am cold."])[0] == single  # batching changes nothing
+    nbest = engine.translate_nbest(["I am cold."], beam_size=4, n_best=3)[0]
+    assert len(nbest) == 3
+    assert [h.score for h in nbest] == sorted((h.score for h in nbest), reverse=True)
+
+
+def test_corrupt_and_mismatched_checkpoints(trained_run: Path, tmp_path: Path) -> None:
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes((trained_run / "best.pt").read_bytes()[:5000])
+    result = run_cli("translate", f"checkpoint={truncated}", "text=Hello")
+    assert result.returncode == 2 and "corrupt or truncated" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -197,7 +197,7 @@ class MultiHeadAttention(nn.Module):
                 attn_mask = causal if attn_mask is None else attn_mask & causal
                 combined = True
             is_causal = False
-        if combined:
+        if combined and attn_mask is not None:
             attn_mask = _ensure_some_key(attn_mask)
 
         dropout_p = self.attention_dropout if self.training else 0.0

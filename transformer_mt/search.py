@@ -67,11 +67,10 @@ def _src_attention(attn: Tensor, src_pad: Tensor) -> Tensor:
 def _decode_step(model: Transformer, tokens: Tensor, memory: Tensor, src_pad: Tensor,
                  cache: DecoderCache | None, need_attention: bool) -> tuple[Tensor, Tensor | None]:
     """Run the decoder; return last-position logits (N, V) and attention (N, S) or None."""
-    out = model.decode(tokens, memory, src_pad, cache, need_attention=need_attention)
     if need_attention:
-        logits, attn = out
+        logits, attn = model.decode(tokens, memory, src_pad, cache, need_attention=True)
         return logits[:, -1], attn[:, -1]
-    return out[:, -1], None  # type: ignore[index]
+    return model.decode(tokens, memory, src_pad, cache)[:, -1], None
 
 
 def _left_to_right(

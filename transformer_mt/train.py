@@ -228,6 +228,11 @@ class Trainer:
                 bar.set_postfix(loss=f"{window_loss / window_batches:.3f}",
                                 lr=f"{self.scheduler.get_last_lr()[0]:.2e}",
                                 tok_s=f"{window_tokens / elapsed:.0f}")
+                if not t.progress:
+                    log.info("epoch %d step %d (batch %d/%d): loss %.3f, lr %.2e, %.0f tgt tok/s",
+                             self.epoch + 1, self.step, self.batch_in_epoch, len(batches),
+                             window_loss / window_batches, self.scheduler.get_last_lr()[0],
+                             window_tokens / elapsed)
                 window_tokens, window_start, window_loss, window_batches = 0, time.perf_counter(), 0.0, 0
             elif window_batches >= t.accumulate:
                 bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
@@ -306,6 +311,7 @@ class Trainer:
         samples = "\n\n".join(f"    {valid.src_text[i]}\n    → {texts[i]}\n    ({valid.tgt_text[i]})"
                               for i in range(min(t.num_samples, n)))
         w.add_text("valid/samples", samples, step)
+        self._log_attention(valid.src_ids[0], step)
         w.flush()
         log.info("epoch %d valid: loss %.3f, BLEU %.2f, chrF %.2f, CER %.3f, WER %.3f (%d sentences, "
                  "%.1fs)", self.epoch + 1, valid_loss, scores.bleu, scores.chrf, scores.cer, scores.wer,
@@ -317,6 +323,18 @@ class Trainer:
         with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
         return scores, valid_loss
+
+    def _log_attention(self, src_ids: Any, step: int) -> None:
+        """The first validation sentence's cross-attention (output rows × source columns) as an image."""
+        decoding = dataclasses.replace(self.cfg.decoding, beam_size=1, n_best=1, sampling=False)
+        hyp = decode_ids(self.model, [src_ids], decoding, self.device, return_attention=True)[0][0]
+        if hyp.attention is None or hyp.attention.numel() == 0:
+            return
+        image = hyp.attention.float().cpu()
+        image = image / image.amax(dim=1, keepdim=True).clamp_min(1e-9)  # each row to [0, 1]
+        scale = max(1, 256 // max(image.shape))
+        image = image.repeat_interleave(scale, 0).repeat_interleave(scale, 1)
+        self.writer.add_image("valid/cross_attention", image, step, dataformats="HW")
 
     def _update_best(self, scores: Scores, valid_loss: float) -> bool:
         name = self.cfg.training.best_metric
