@@ -7,6 +7,7 @@ temporary name, fsynced and renamed, so a crash never leaves a half-written chec
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import re
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 
+log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 BEST = "best.pt"
 LATEST = "latest.pt"
@@ -110,6 +112,27 @@ def resolve_checkpoint(path: str | Path, prefer: str = BEST) -> Path:
     if epochs:
         return epochs[-1]
     raise CheckpointError(f"no checkpoint in {path}; expected {BEST}, {LATEST} or epoch_NNN.pt")
+
+
+def load_latest_good(path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """The newest loadable checkpoint of a run: latest.pt, else epoch files newest first.
+
+    A crash can only truncate a file being written under a temporary name, but a disk can still
+    corrupt one; then the previous good checkpoint is used, with a warning.
+    """
+    path = Path(path).expanduser()
+    if path.is_file():
+        return path, load_checkpoint(path)
+    first = resolve_checkpoint(path, prefer=LATEST)
+    candidates = [first] + [p for p in reversed(epoch_checkpoints(path)) if p != first]
+    problems = []
+    for candidate in candidates:
+        try:
+            return candidate, load_checkpoint(candidate)
+        except CheckpointError as ex:
+            problems.append(str(ex))
+            log.warning("%s; trying the previous checkpoint", ex)
+    raise CheckpointError(f"no loadable checkpoint in {path}: {problems[0]}")
 
 
 def prune_epoch_checkpoints(run_dir: Path, keep_last: int) -> None:

@@ -225,8 +225,9 @@ def is_user_error(ex: BaseException) -> bool:
     """Errors whose message already tells the user what to do."""
     from transformer_mt.checkpoint import CheckpointError
     from transformer_mt.data import DataError
+    from transformer_mt.train import TrainingError
 
-    return isinstance(ex, (ConfigError, DataError, CheckpointError, UserError))
+    return isinstance(ex, (ConfigError, DataError, CheckpointError, TrainingError, UserError))
 
 
 def _hydra_main(command: str) -> Callable[[], Any]:

@@ -108,6 +108,8 @@ class TrainingConfig:
     keep_last: int = 3  # epoch checkpoints kept besides best
     max_minutes: float | None = None  # wall-clock budget for training
     save_every_steps: int = 0  # mid-epoch checkpoint every N steps; 0 = only at epoch end
+    max_bad_steps: int = 5  # consecutive non-finite losses (skipped steps) before the run stops
+    min_free_mib: int = 200  # refuse to start when the run directory's disk has less free space
     num_samples: int = 5  # sample translations logged every epoch
     progress: bool = True  # tqdm progress bar
 
@@ -295,6 +297,7 @@ def validate(cfg: Any) -> None:
         _range(found, "training.keep_last", t.keep_last, t.keep_last >= 1, ">= 1")
         _range(found, "training.patience", t.patience, t.patience >= 0, ">= 0")
         _range(found, "training.save_every_steps", t.save_every_steps, t.save_every_steps >= 0, ">= 0")
+        _range(found, "training.max_bad_steps", t.max_bad_steps, t.max_bad_steps >= 1, ">= 1")
         if t.max_minutes is not None:
             _range(found, "training.max_minutes", t.max_minutes, t.max_minutes > 0, "> 0 or null")
         if len(t.betas) != 2 or not all(0.0 <= b < 1.0 for b in t.betas):

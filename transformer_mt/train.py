@@ -11,6 +11,7 @@ import dataclasses
 import json
 import logging
 import math
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -68,6 +69,26 @@ def build_model(cfg: TrainConfig, vocab: Vocabulary) -> Transformer:
     return Transformer(model_cfg)
 
 
+class TrainingError(RuntimeError):
+    """Training cannot go on (diverged, out of memory); the message says what to change."""
+
+
+def check_writable(run_dir: Path, min_free_mib: int) -> None:
+    """Fail before hours of training, not at the first checkpoint: the directory must take files."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write_test"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as ex:
+        raise ConfigError(f"cannot write to {run_dir} ({ex.strerror}); set checkpoint.dir= or "
+                          "checkpoint.root= to a writable place") from ex
+    free_mib = shutil.disk_usage(run_dir).free / 2**20
+    if free_mib < min_free_mib:
+        raise ConfigError(f"only {free_mib:.0f} MiB free at {run_dir}; free space or lower "
+                          f"training.min_free_mib={min_free_mib}")
+
+
 class _Interrupt:
     """First SIGINT/SIGTERM: finish the step and save; a second one stops at once."""
 
@@ -101,7 +122,7 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = run_dir
         self.overrides = overrides or []
-        run_dir.mkdir(parents=True, exist_ok=True)
+        check_writable(run_dir, cfg.training.min_free_mib)
         configure_threads(cfg.device)
         self.device = select_device(cfg.device)
         self.amp = amp_dtype(cfg.device, self.device)
@@ -128,6 +149,7 @@ class Trainer:
         self.step = 0  # optimizer steps
         self.best: dict[str, Any] = {"metric": t.best_metric, "value": None, "epoch": None}
         self.bad_epochs = 0
+        self.bad_steps = 0  # consecutive non-finite losses
         self.train_seconds = 0.0
         if resume_state:
             self._restore(resume_state)
@@ -144,9 +166,9 @@ class Trainer:
     def _load_resume_state(self) -> dict[str, Any] | None:
         if not self.cfg.resume:
             return None
-        path = ckpt.resolve_checkpoint(self.cfg.resume, prefer=ckpt.LATEST)
+        path, state = ckpt.load_latest_good(self.cfg.resume)
         log.info("resuming from %s", path)
-        return ckpt.load_checkpoint(path, map_location="cpu")
+        return state
 
     def _restore(self, state: dict[str, Any]) -> None:
         expected = dataclasses.asdict(self.model.config)
@@ -212,8 +234,21 @@ class Trainer:
                    disable=not t.progress, dynamic_ncols=True, leave=False)
         for index in range(self.batch_in_epoch, len(batches)):
             batch = collate(*train.select(batches[index]), PAD_ID).to(self.device)
-            loss = self._loss(batch)
-            self.scaler.scale(loss / t.accumulate).backward()
+            try:
+                loss = self._loss(batch)
+                if not torch.isfinite(loss):
+                    self._skip_bad_step(loss, index)
+                    self.batch_in_epoch = index + 1
+                    continue
+                self.scaler.scale(loss / t.accumulate).backward()
+            except torch.OutOfMemoryError as ex:
+                self.optimizer.zero_grad(set_to_none=True)
+                raise TrainingError(
+                    f"out of memory on a batch of {batch.src.numel() + batch.tgt_in.numel()} padded "
+                    f"tokens ({tuple(batch.src.shape)} source, {tuple(batch.tgt_in.shape)} target); "
+                    f"lower training.batch_tokens={t.batch_tokens} (use training.accumulate to keep "
+                    f"the effective batch) and resume=... from the last checkpoint") from ex
+            self.bad_steps = 0
             self.batch_in_epoch = index + 1
             window_tokens += batch.n_tgt_tokens
             window_loss += loss.item()
@@ -248,6 +283,18 @@ class Trainer:
         bar.close()
         return self.batch_in_epoch == len(batches)
 
+    def _skip_bad_step(self, value: torch.Tensor, index: int, what: str = "loss") -> None:
+        """A non-finite loss or gradient changes nothing; too many in a row means divergence."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.bad_steps += 1
+        limit = self.cfg.training.max_bad_steps
+        log.warning("non-finite %s (%s) at batch %d of epoch %d: step skipped (%d/%d in a row)",
+                    what, value.item(), index + 1, self.epoch + 1, self.bad_steps, limit)
+        if self.bad_steps >= limit:
+            raise TrainingError(f"{limit} non-finite values in a row: the run diverged; the last good "
+                                f"checkpoint in {self.run_dir} is intact. Lower training.lr="
+                                f"{self.cfg.training.lr} or raise training.warmup_steps, then resume")
+
     def _loss(self, batch: Any) -> torch.Tensor:
         """Label-smoothed cross-entropy per target token, padding ignored."""
         with autocast(self.device, self.amp):
@@ -265,6 +312,10 @@ class Trainer:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
         else:
             grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])))
+        if not math.isfinite(grad_norm) and not self.scaler.is_enabled():
+            # fp16's GradScaler skips such steps itself; elsewhere one would poison every weight.
+            self._skip_bad_step(torch.tensor(grad_norm), self.batch_in_epoch - 1, what="gradient")
+            return grad_norm
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,171 @@
+"""Nothing lost: kill -9 and resume is bit-exact, Ctrl-C saves, bad checkpoints are refused clearly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, run_cli, tiny_overrides
+from transformer_mt.checkpoint import CheckpointError, load_checkpoint, load_latest_good
+
+FAULT_RUN = {"training.save_every_steps": 1, "training.log_every": 1, "dataset.max_pairs": 400,
+             "training.valid_max_sentences": 10, "training.batch_tokens": 768}
+
+
+def _start(args: list[str], log_file: Path) -> subprocess.Popen:
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "transformer_mt", *args], cwd=ROOT, env=env,
+                            stdout=log_file.open("w"), stderr=subprocess.STDOUT)
+
+
+def _wait_for(log_file: Path, text: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in log_file.read_text(errors="replace"):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended before '{text}':\n{log_file.read_text()[-2000:]}")
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"'{text}' not seen in {timeout}s")
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(path)["model"]
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
+    """An uninterrupted 2-epoch run with a checkpoint after every step."""
+    run_dir = tmp_path_factory.mktemp("faults") / "reference"
+    result = run_cli("train", *tiny_overrides(corpus, run_dir, **FAULT_RUN))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+@pytest.mark.parametrize("kill_after_step", [3, 14])
+def test_kill_9_then_resume_is_bit_exact(reference_run: Path, corpus: Path, tmp_path: Path,
+                                         kill_after_step: int) -> None:
+    steps_per_epoch = load_checkpoint(reference_run / "epoch_001.pt")["step"]
+    assert kill_after_step < 2 * steps_per_epoch
+    run_dir = tmp_path / "killed"
+    log_file = tmp_path / "first.log"
+    proc = _start(["train", *tiny_overrides(corpus, run_dir, **FAULT_RUN)], log_file)
+    _wait_for(log_file, f"step {kill_after_step})", proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = load_checkpoint(run_dir / "latest.pt")["step"]
+    assert killed_at < 2 * steps_per_epoch, "the run finished before it was killed"
+
+    result = run_cli("train", f"resume={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"step {killed_at}, lr" in result.stdout + result.stderr  # continued where it was
+    expected, got = _weights(reference_run / "epoch_002.pt"), _weights(run_dir / "epoch_002.pt")
+    assert expected.keys() == got.keys()
+    for name in expected:
+        assert torch.equal(expected[name], got[name]), f"{name} differs after resume"
+
+
+def test_sigint_saves_a_checkpoint_and_says_how_to_resume(corpus: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "interrupted"
+    log_file = tmp_path / "run.log"
+    overrides = tiny_overrides(corpus, run_dir, **{**FAULT_RUN, "training.save_every_steps": 0,
+                                                   "training.epochs": 50})
+    proc = _start(["train", *overrides], log_file)
+    _wait_for(log_file, "step 2 (", proc)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 0
+    out = log_file.read_text()
+    assert f"continue with: transformer-mt train resume={run_dir}" in out
+    state = load_checkpoint(run_dir / "latest.pt")
+    assert state["batch_in_epoch"] > 0 and state["step"] >= 2
+
+
+def test_corrupt_latest_falls_back_to_the_previous_good_checkpoint(reference_run: Path,
+                                                                   tmp_path: Path) -> None:
+    run_dir = tmp_path / "copy"
+    run_dir.mkdir()
+    for name in ("epoch_001.pt", "epoch_002.pt"):
+        (run_dir / name).write_bytes((reference_run / name).read_bytes())
+    (run_dir / "latest.pt").write_bytes((reference_run / "latest.pt").read_bytes()[:20_000])
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        load_checkpoint(run_dir / "latest.pt")
+    path, state = load_latest_good(run_dir)
+    assert path.name == "epoch_002.pt" and state["epoch"] == 2
+
+
+class _Payload:
+    """Would create a file when unpickled, if loading ran code."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # noqa: ANN204
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_checkpoint_carrying_code_is_refused_without_running_it(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.pt"
+    torch.save({"format_version": 1, "model_config": {}, "model": {}, "tokenizer": {},
+                "config": _Payload(marker)}, evil)
+    with pytest.raises(CheckpointError, match="refused"):
+        load_checkpoint(evil)
+    assert not marker.exists()
+    result = run_cli("translate", f"checkpoint={evil}", "text=Hello")
+    assert result.returncode == 2 and "refused" in result.stderr and not marker.exists()
+
+
+def test_not_a_checkpoint(tmp_path: Path) -> None:
+    other = tmp_path / "other.pt"
+    torch.save({"weights": torch.zeros(2)}, other)
+    with pytest.raises(CheckpointError, match="not a transformer-mt checkpoint"):
+        load_checkpoint(other)
+
+
+def test_resume_into_another_model_shape_is_a_clear_error(reference_run: Path) -> None:
+    result = run_cli("train", f"resume={reference_run}", "model.d_ff=96", "training.epochs=3")
+    assert result.returncode == 2
+    assert "model.d_ff: checkpoint 128 vs config 96" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_diverging_run_stops_with_a_clear_message(corpus: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from omegaconf import OmegaConf
+
+    from transformer_mt import train as train_module
+    from transformer_mt.config import TrainConfig, to_dataclass
+
+    run_dir = tmp_path / "nan"
+    overrides = tiny_overrides(corpus, run_dir, **{"training.max_bad_steps": 3})
+    overrides = [o for o in overrides if not o.startswith(("model=", "device="))]
+    cfg = to_dataclass(OmegaConf.from_dotlist(overrides), TrainConfig)
+    cfg.model.d_model, cfg.model.d_ff, cfg.model.encoder_layers, cfg.model.decoder_layers = 32, 64, 1, 1
+    trainer = train_module.Trainer(cfg, run_dir)
+    monkeypatch.setattr(trainer, "_loss", lambda batch: torch.tensor(float("nan"), requires_grad=True))
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    with pytest.raises(train_module.TrainingError, match="3 non-finite values in a row"):
+        trainer.fit()
+    for name, value in trainer.model.state_dict().items():
+        assert torch.equal(before[name], value), "a skipped step changed the weights"
+    assert not (run_dir / "best.pt").exists()
+
+
+def test_unwritable_run_directory_fails_before_training(tmp_path: Path) -> None:
+    from transformer_mt.config import ConfigError
+    from transformer_mt.train import check_writable
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ConfigError, match="cannot write to"):
+        check_writable(blocker / "run", 0)
+    with pytest.raises(ConfigError, match="MiB free"):
+        check_writable(tmp_path / "run", 10**12)
