@@ -146,3 +146,14 @@ def test_corrupt_and_mismatched_checkpoints(trained_run: Path, tmp_path: Path) -
     result = run_cli("translate", f"checkpoint={truncated}", "text=Hello")
     assert result.returncode == 2 and "corrupt or truncated" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_opus_books_trains_offline_from_a_fixture(tmp_path: Path) -> None:
+    fixture = Path(__file__).parent / "fixtures" / "opus_books_en_fr.jsonl"
+    run_dir = tmp_path / "opus"
+    result = run_cli("train", "dataset=opus_books", "dataset.hf_path=json",
+                     f"dataset.hf_data_files={fixture}", f"dataset.cache_dir={tmp_path / 'cache'}",
+                     "model=tiny", "device=cpu", "tokenizer=char", "training.epochs=1",
+                     "training.progress=false", f"checkpoint.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (run_dir / "epoch_001.pt").exists() and (run_dir / "split" / "test.tsv").exists()

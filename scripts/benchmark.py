@@ -1,0 +1,353 @@
+"""Side-by-side speed and memory of transformer-mt on this machine, in one process, on real batches.
+
+    python scripts/benchmark.py [--quick] [--checkpoint saved_weights/<run>] --out results.json
+
+Measures, on the same real Tatoeba token batches and the same dimensions (the `small` model):
+- training throughput (forward + backward + AdamW step) of our model and of `torch.nn.Transformer`,
+  and our utilisation of a matmul peak measured here;
+- padding of our length-bucketed token batches against fixed-size random sentence batches;
+- the whole `train` loop (data, logging, validation, checkpointing) against pure compute;
+- decoding speed of uncached greedy, cached greedy and beam 5 (and CTranslate2 when installed);
+- peak resident memory of training and of translation (each in a child process).
+Figures are only meaningful on an idle machine: the script warns when the load says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from transformer_mt.config import DatasetConfig, DecodingConfig, ModelConfig, TokenizerConfig, TrainConfig
+from transformer_mt.data import TokenBatchSampler, collate, load_split_tsv, prepare_data
+from transformer_mt.metrics import score
+from transformer_mt.model import Transformer, TransformerConfig
+from transformer_mt.tokenizer import PAD_ID
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- the machine -----------------------------------------------------------------------------------
+def machine() -> str:
+    """CPU model, threads and torch version."""
+    cpu = platform.processor() or "unknown CPU"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    threads = torch.get_num_threads()
+    return f"{cpu}; {os.cpu_count()} cores, torch threads {threads}; torch {torch.__version__}"
+
+
+def load_warning() -> str | None:
+    """Other work on the CPU distorts every figure."""
+    try:
+        load = float(Path("/proc/loadavg").read_text().split()[0])
+    except OSError:
+        return None
+    return f"load average {load:.2f}: other processes are using the CPU" if load > 0.7 else None
+
+
+def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """Best fp32 GEMM rate of a large square product: the ceiling for matmul-bound training."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e9
+
+
+# -- training throughput ---------------------------------------------------------------------------
+class TorchReference(nn.Module):
+    """`torch.nn.Transformer` with the same embeddings, positions and tied output as ours."""
+
+    def __init__(self, c: TransformerConfig):
+        super().__init__()
+        self.c = c
+        self.embed = nn.Embedding(c.src_vocab_size, c.d_model, padding_idx=c.pad_id)
+        self.core = nn.Transformer(c.d_model, c.n_heads, c.encoder_layers, c.decoder_layers, c.d_ff,
+                                   c.dropout, activation=c.activation, batch_first=True,
+                                   norm_first=c.norm_first)
+        pos = torch.arange(c.max_positions).unsqueeze(1)
+        div = torch.exp(torch.arange(0, c.d_model, 2) * (-math.log(10000.0) / c.d_model))
+        table = torch.zeros(c.max_positions, c.d_model)
+        table[:, 0::2], table[:, 1::2] = torch.sin(pos * div), torch.cos(pos * div)
+        self.register_buffer("positions", table, persistent=False)
+        self.drop = nn.Dropout(c.dropout)
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.embed(ids) * math.sqrt(self.c.d_model) + self.positions[: ids.size(1)])
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        src_pad, tgt_pad = src.eq(self.c.pad_id), tgt_in.eq(self.c.pad_id)
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.size(1), dtype=torch.bool)
+        out = self.core(self._embed(src), self._embed(tgt_in), tgt_mask=causal,
+                        src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_pad,
+                        memory_key_padding_mask=src_pad, tgt_is_causal=True)
+        return out @ self.embed.weight.t()
+
+
+def forward_flops(c: TransformerConfig, batch_size: int, src_len: int, tgt_len: int) -> float:
+    """Matmul FLOPs of one forward pass at padded shapes (training ≈ 3× this)."""
+    d, f, B, S, T = c.d_model, c.d_ff, batch_size, src_len, tgt_len
+    enc = B * S * (2 * d * 3 * d + 2 * d * d + 4 * d * f) + 4 * B * S * S * d
+    dec = (B * T * (2 * d * 3 * d + 2 * d * d + 2 * d * d + 2 * d * d + 4 * d * f)
+           + B * S * 2 * d * 2 * d + 4 * B * T * T * d + 4 * B * T * S * d)
+    return c.encoder_layers * enc + c.decoder_layers * dec + 2 * B * T * d * c.tgt_vocab_size
+
+
+def time_training(model: nn.Module, batches: list, label_smoothing: float = 0.1) -> tuple[float, float]:
+    """Seconds for forward + backward + AdamW step over `batches` (after two warm-up steps)."""
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+    def step(batch) -> None:
+        logits = model(batch.src, batch.tgt_in)
+        loss = F.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=PAD_ID,
+                               label_smoothing=label_smoothing, reduction="sum") / batch.n_tgt_tokens
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for batch in batches[:2]:
+        step(batch)
+    start = time.perf_counter()
+    for batch in batches:
+        step(batch)
+    return time.perf_counter() - start, float(sum(b.n_tgt_tokens for b in batches))
+
+
+def padding_fractions(data, batch_tokens: int, seed: int = 0) -> tuple[float, float]:
+    """Padded share of target positions: our token batches vs random 128-sentence batches."""
+    lengths = data.train.lengths()
+    tgt = lengths[:, 1] + 1  # + eos
+    ours = TokenBatchSampler(lengths, batch_tokens, shuffle=True, seed=seed).batches(0)
+    ours_real = sum(int(tgt[b].sum()) for b in ours)
+    ours_padded = sum(len(b) * int(tgt[b].max()) for b in ours)
+    order = np.random.default_rng(seed).permutation(len(tgt))
+    fixed = [order[i:i + 128] for i in range(0, len(order), 128)]
+    fixed_real = sum(int(tgt[b].sum()) for b in fixed)
+    fixed_padded = sum(len(b) * int(tgt[b].max()) for b in fixed)
+    return 1 - ours_real / ours_padded, 1 - fixed_real / fixed_padded
+
+
+# -- the whole loop --------------------------------------------------------------------------------
+def loop_overhead(cfg: TrainConfig, data, compute_tok_s: float, n_batches: int) -> dict[str, float]:
+    """Time one real training epoch of `n_batches` batches (validation and checkpoint included),
+    and extrapolate the fixed costs to a full-corpus epoch at the measured compute rate."""
+    from transformer_mt.train import Trainer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sub = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, dir=tmp))
+        sub.dataset.max_pairs = None
+        trainer = Trainer(sub, Path(tmp))
+        batches = trainer.sampler.batches(0)
+        trainer.sampler.batches = lambda epoch, *a, **k: batches[:n_batches]  # a short epoch
+        tokens = sum(collate(*trainer.data.train.select(b), PAD_ID).n_tgt_tokens
+                     for b in batches[:n_batches])
+        start = time.perf_counter()
+        trainer.fit()
+        wall = time.perf_counter() - start
+    compute = tokens / compute_tok_s
+    fixed = max(0.0, wall - compute)  # validation, checkpoint, logging, data
+    full_tokens = float(data.train.tgt_lens.sum() + len(data.train))
+    full_compute = full_tokens / compute_tok_s
+    return {"loop_short_epoch_s": wall, "loop_short_compute_s": compute,
+            "loop_overhead_frac_short_epoch": fixed / wall,
+            "loop_overhead_frac": fixed / (full_compute + fixed)}
+
+
+# -- decoding --------------------------------------------------------------------------------------
+def decoding_speeds(checkpoint: Path, n: int) -> dict[str, float]:
+    """Sentences/s of uncached greedy, cached greedy and beam 5 on the run's own test sentences."""
+    from transformer_mt.translator import Translator
+
+    engine = Translator.from_checkpoint(checkpoint, device="cpu")
+    sources, refs = load_split_tsv(Path(engine.info["checkpoint"]).parent / "split" / "test.tsv")
+    sources, refs = sources[:n], refs[:n]
+    results: dict[str, float] = {"decode_sentences": len(sources)}
+    settings = {"greedy_nocache": DecodingConfig(beam_size=1, use_cache=False),
+                "greedy_cache": DecodingConfig(beam_size=1), "beam5": DecodingConfig(beam_size=5)}
+    for name, decoding in settings.items():
+        engine.decoding = decoding
+        engine.translate(sources[:8])
+        start = time.perf_counter()
+        hyps = engine.translate(sources)
+        results[f"{name}_sent_s"] = len(sources) / (time.perf_counter() - start)
+        results[f"{name}_bleu"] = score(hyps, refs).bleu
+    results.update(ct2_speeds(checkpoint, sources, refs, results["beam5_bleu"]))
+    return results
+
+
+def ct2_speeds(checkpoint: Path, sources: list[str], refs: list[str], beam5_bleu: float) -> dict:
+    """CTranslate2 int8 beam 5, when the `ct2` extra is installed."""
+    try:
+        import ctranslate2  # noqa: F401
+        from transformer_mt.export import CT2Translator, export_ctranslate2
+    except ImportError:
+        return {"ct2_int8_beam5_sent_s": None, "ct2_bleu_delta": None}
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = export_ctranslate2(checkpoint, Path(tmp) / "ct2", quantization="int8")
+        engine = CT2Translator.from_dir(model_dir)
+        engine.translate(sources[:8], beam_size=5)
+        start = time.perf_counter()
+        hyps = engine.translate(sources, beam_size=5)
+        sent_s = len(sources) / (time.perf_counter() - start)
+    return {"ct2_int8_beam5_sent_s": sent_s, "ct2_bleu_delta": score(hyps, refs).bleu - beam5_bleu}
+
+
+# -- memory (child processes, so each peak is its own) ----------------------------------------------
+def child_peak_rss_mib(mode: str, checkpoint: Path | None) -> float | None:
+    """Run this script in `--child MODE` and read back its peak RSS."""
+    if mode == "translate" and checkpoint is None:
+        return None
+    args = [sys.executable, __file__, "--child", mode]
+    if checkpoint is not None:
+        args += ["--checkpoint", str(checkpoint)]
+    out = subprocess.run(args, capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    return float(out.strip().splitlines()[-1])
+
+
+def run_child(mode: str, checkpoint: Path | None) -> None:
+    if mode == "train":
+        cfg = TrainConfig()
+        data = prepare_data(cfg.dataset, cfg.tokenizer)
+        batches = _real_batches(data, cfg, 6)
+        model = Transformer(_model_config(cfg.model, data))
+        time_training(model, batches)
+    else:
+        from transformer_mt.translator import Translator
+
+        engine = Translator.from_checkpoint(checkpoint, device="cpu")
+        sources, _ = load_split_tsv(Path(engine.info["checkpoint"]).parent / "split" / "test.tsv")
+        engine.translate(sources[:300])
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def _model_config(model: ModelConfig, data) -> TransformerConfig:
+    return TransformerConfig(src_vocab_size=data.vocab.src_vocab_size,
+                             tgt_vocab_size=data.vocab.tgt_vocab_size, pad_id=PAD_ID,
+                             **dataclasses.asdict(model))
+
+
+def _real_batches(data, cfg: TrainConfig, n: int) -> list:
+    batches = TokenBatchSampler(data.train.lengths(), cfg.training.batch_tokens, shuffle=True,
+                                seed=cfg.seed).batches(0)
+    return [collate(*data.train.select(b), PAD_ID) for b in batches[:n]]
+
+
+def _newest_checkpoint() -> Path | None:
+    found = sorted((ROOT / "saved_weights").glob("*/best.pt"), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer batches and sentences (< 2 min)")
+    parser.add_argument("--checkpoint", type=Path, default=None, help="for decoding (default: newest)")
+    parser.add_argument("--out", type=Path, default=Path("benchmark.json"))
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--child", choices=["train", "translate"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    checkpoint = args.checkpoint or _newest_checkpoint()
+    if args.child:
+        run_child(args.child, checkpoint)
+        return
+
+    warning = load_warning()
+    if warning:
+        print(f"warning: {warning}; figures will be low", file=sys.stderr)
+    torch.manual_seed(0)
+    cfg = TrainConfig(dataset=DatasetConfig(), tokenizer=TokenizerConfig(), model=ModelConfig())
+    cfg.training.progress = False
+    data = prepare_data(cfg.dataset, cfg.tokenizer)
+    n_batches = 4 if args.quick else 12
+    batches = _real_batches(data, cfg, n_batches)
+    model_cfg = _model_config(cfg.model, data)
+    peak = matmul_peak_gflops()
+
+    ours_s, tokens = time_training(Transformer(model_cfg), batches)
+    torch.manual_seed(0)
+    ref_s, _ = time_training(TorchReference(model_cfg), batches)
+    flops = 3 * sum(forward_flops(model_cfg, *b.src.shape[:1], b.src.size(1), b.tgt_in.size(1))
+                    for b in batches)
+    src_tokens = float(sum(b.n_src_tokens for b in batches))
+    ours_pad, fixed_pad = padding_fractions(data, cfg.training.batch_tokens)
+    results: dict = {
+        "machine": machine(),
+        "load_warning": warning,
+        "quick": args.quick,
+        "train_batches": n_batches,
+        "train_tgt_tok_s": tokens / ours_s,
+        "train_src_tgt_tok_s": (tokens + src_tokens) / ours_s,
+        "train_tgt_tok_s_nn_transformer": tokens / ref_s,
+        "train_ratio_vs_nn_transformer": ref_s / ours_s,
+        "matmul_peak_gflops": peak,
+        "train_gflops": flops / ours_s / 1e9,
+        "train_utilisation": flops / ours_s / 1e9 / peak,
+        "padding_frac": ours_pad,
+        "padding_frac_fixed_random_batches": fixed_pad,
+    }
+    results.update(loop_overhead(cfg, data, results["train_tgt_tok_s"], 3 if args.quick else 10))
+    if checkpoint is not None:
+        results["decode_checkpoint"] = str(checkpoint)
+        results.update(decoding_speeds(checkpoint, 200 if args.quick else 1000))
+    else:
+        print("no checkpoint found: decoding figures skipped (train one or pass --checkpoint)",
+              file=sys.stderr)
+    results["peak_rss_train_mib"] = child_peak_rss_mib("train", checkpoint)
+    results["peak_rss_translate_mib"] = child_peak_rss_mib("translate", checkpoint)
+    args.out.write_text(json.dumps(results, indent=2))
+    print(markdown(results))
+
+
+def markdown(r: dict) -> str:
+    """The results as the README's table."""
+    def fmt(value: object, spec: str) -> str:
+        return "n/a" if value is None else format(value, spec)
+
+    rows = [
+        ("training, ours (target tokens/s)", fmt(r["train_tgt_tok_s"], ".0f")),
+        ("training, torch.nn.Transformer (target tokens/s)", fmt(r["train_tgt_tok_s_nn_transformer"], ".0f")),
+        ("ratio ours / nn.Transformer", fmt(r["train_ratio_vs_nn_transformer"], ".2f")),
+        ("matmul peak (GFLOP/s) / utilisation", f"{r['matmul_peak_gflops']:.0f} / "
+                                                 f"{r['train_utilisation']:.0%}"),
+        ("padding: token buckets / random 128-sentence batches",
+         f"{r['padding_frac']:.1%} / {r['padding_frac_fixed_random_batches']:.1%}"),
+        ("train loop overhead (full epoch, extrapolated)", fmt(r["loop_overhead_frac"], ".1%")),
+        ("greedy without cache (sentences/s)", fmt(r.get("greedy_nocache_sent_s"), ".1f")),
+        ("greedy with cache (sentences/s)", fmt(r.get("greedy_cache_sent_s"), ".1f")),
+        ("beam 5 (sentences/s)", fmt(r.get("beam5_sent_s"), ".1f")),
+        ("CTranslate2 int8 beam 5 (sentences/s) / BLEU delta",
+         f"{fmt(r.get('ct2_int8_beam5_sent_s'), '.1f')} / {fmt(r.get('ct2_bleu_delta'), '+.2f')}"),
+        ("peak RSS train / translate (MiB)",
+         f"{fmt(r['peak_rss_train_mib'], '.0f')} / {fmt(r['peak_rss_translate_mib'], '.0f')}"),
+    ]
+    lines = [f"Machine: {r['machine']}", "", "| measure | value |", "|---|---:|"]
+    return "\n".join(lines + [f"| {name} | {value} |" for name, value in rows])
+
+
+if __name__ == "__main__":
+    main()
