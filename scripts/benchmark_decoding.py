@@ -12,40 +12,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import platform
 import time
 from pathlib import Path
 
 import torch
+from benchmark import load_warning, machine  # scripts/ is on sys.path when run as a script
 
 from transformer_mt.config import DecodingConfig
 from transformer_mt.data import load_split_tsv
 from transformer_mt.metrics import score
 from transformer_mt.translator import Translator
-
-
-def machine() -> str:
-    """CPU model, threads and torch version: figures mean little without them."""
-    cpu = platform.processor() or "cpu"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
-
-
-def busy_warning() -> str | None:
-    """Other processes on the CPU make the timings meaningless; say so."""
-    try:
-        load = float(Path("/proc/loadavg").read_text().split()[0])
-    except OSError:
-        return None
-    cores = os.cpu_count() or 1
-    return f"load average {load:.2f} on {cores} cores: other work may distort timings" if load > 0.5 else None
 
 
 def run(engine: Translator, sources: list[str], refs: list[str], decoding: DecodingConfig) -> dict:
@@ -74,7 +50,7 @@ def main() -> None:
     split = Path(engine.info["checkpoint"]).parent / "split" / "test.tsv"
     sources, refs = load_split_tsv(split)
     sources, refs = sources[: args.sentences], refs[: args.sentences]
-    warning = busy_warning()
+    warning = load_warning()
     if warning:
         print(f"warning: {warning}")
     base = DecodingConfig(beam_size=1, n_best=1)
