@@ -32,6 +32,7 @@ COMMANDS = {
     "train": "train a model (checkpoints, TensorBoard logs and validation every epoch)",
     "evaluate": "score a checkpoint: BLEU, chrF, CER, WER and decoding speed",
     "translate": "translate text from the command line, stdin or a file",
+    "export": "export a checkpoint to CTranslate2 (int8/float16 ...) for fast inference",
 }
 USAGE = """usage: transformer-mt <command> [key=value ...] [hydra flags]
 
@@ -43,6 +44,7 @@ examples:
   transformer-mt train -m model=tiny,small training.lr=5e-4,1e-3
   transformer-mt translate checkpoint=saved_weights/<run> text="He is sleeping."
   echo "I am cold." | transformer-mt translate checkpoint=saved_weights/<run>
+  transformer-mt export checkpoint=saved_weights/<run> quantization=int8
   transformer-mt train --cfg job        # print the composed config
   transformer-mt train --help           # config groups and every key
 
@@ -202,6 +204,9 @@ def _job(command: str) -> Callable[[Any], Any]:
     if command == "evaluate":
         from transformer_mt.evaluate import evaluate
         return evaluate
+    if command == "export":
+        from transformer_mt.export import export
+        return export
     from transformer_mt.translate import translate
     return translate
 

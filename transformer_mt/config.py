@@ -93,7 +93,7 @@ class TrainingConfig:
     accumulate: int = 1  # gradient accumulation steps per optimizer step
     lr: float = 1e-3  # peak learning rate
     scheduler: str = "noam"  # noam (inverse sqrt after linear warm-up) | constant | cosine
-    warmup_steps: int = 1000
+    warmup_steps: int = 500  # about one Tatoeba epoch at 4k-token batches
     min_lr: float = 0.0  # cosine floor
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-9
@@ -188,9 +188,23 @@ class TranslateConfig:
     max_input_tokens: int | None = None  # null: the model's positional limit
     seed: int = 1
     debug: bool = False
+    engine: str = "pytorch"  # pytorch | ctranslate2 (an `export`ed model_dir; the ct2 extra)
+    model_dir: str | None = None  # engine=ctranslate2: the exported model directory
 
 
-SCHEMAS: dict[str, type] = {"train": TrainConfig, "evaluate": EvaluateConfig, "translate": TranslateConfig}
+@dataclass
+class ExportConfig:
+    """The `export` command: a checkpoint as a CTranslate2 model directory."""
+
+    checkpoint: str | None = None  # file, or a run directory (its best checkpoint)
+    format: str = "ctranslate2"
+    quantization: str = "int8"  # int8 | int8_float32 | float32 | float16 ...
+    output_dir: str | None = None  # null: <run dir>/ct2-<quantization>
+    debug: bool = False
+
+
+SCHEMAS: dict[str, type] = {"train": TrainConfig, "evaluate": EvaluateConfig, "translate": TranslateConfig,
+                            "export": ExportConfig}
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "dataset.name": ("tatoeba", "opus_books"),
@@ -202,6 +216,10 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "training.scheduler": ("noam", "constant", "cosine"),
     "training.best_metric": ("bleu", "chrf", "loss", "cer", "wer"),
     "split": ("test", "valid"),
+    "engine": ("pytorch", "ctranslate2"),
+    "format": ("ctranslate2",),
+    "quantization": ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
+                     "bfloat16", "float32"),
 }
 
 

@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from transformer_mt.checkpoint import atomic_write
 from transformer_mt.config import ConfigError, TranslateConfig
@@ -101,13 +101,31 @@ def write_attention_png(engine: Translator, sentence: str, path: Path) -> None:
     log.info("attention heatmap written to %s", path)
 
 
+def ct2_engine(cfg: TranslateConfig) -> Any:
+    """engine=ctranslate2: a CT2Translator (the Translator interface) on a model directory written
+    by `transformer-mt export` (the `ct2` extra)."""
+    if not cfg.model_dir:
+        raise ConfigError("engine=ctranslate2 needs model_dir=<directory written by `transformer-mt "
+                          "export checkpoint=...`>")
+    if cfg.device.name == "mps":
+        raise ConfigError("engine=ctranslate2 runs on cpu or cuda, not mps; set device=cpu")
+    from transformer_mt.export import CT2Translator  # ConfigError naming the extra without ctranslate2
+
+    return CT2Translator.from_dir(cfg.model_dir, device=cfg.device.name,
+                                  intra_threads=cfg.device.num_threads or 0, decoding=cfg.decoding,
+                                  max_input_tokens=cfg.max_input_tokens)
+
+
 def translate(cfg: TranslateConfig) -> None:
     """Entry point of `transformer-mt translate`."""
-    if not cfg.checkpoint:
+    if cfg.engine == "ctranslate2":
+        engine = ct2_engine(cfg)  # same interface as Translator
+    elif not cfg.checkpoint:
         raise ConfigError("checkpoint= is required: a .pt file or a run directory under saved_weights/")
-    configure_threads(cfg.device)
-    engine = Translator.from_checkpoint(cfg.checkpoint, device=select_device(cfg.device),
-                                        decoding=cfg.decoding, max_input_tokens=cfg.max_input_tokens)
+    else:
+        configure_threads(cfg.device)
+        engine = Translator.from_checkpoint(cfg.checkpoint, device=select_device(cfg.device),
+                                            decoding=cfg.decoding, max_input_tokens=cfg.max_input_tokens)
     if cfg.attention_png:
         if cfg.text is None:
             raise ConfigError("attention_png needs a sentence given as text=...")
