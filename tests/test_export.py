@@ -1,0 +1,211 @@
+"""CTranslate2 export: the exported model translates like the PyTorch one (float32), int8 loads,
+and the `export` / `translate engine=ctranslate2` commands work end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.conftest import run_cli
+from transformer_mt.checkpoint import save_checkpoint
+from transformer_mt.config import ConfigError, DecodingConfig, TokenizerConfig, TranslateConfig
+from transformer_mt.data import collate, read_tatoeba, sample_pairs
+from transformer_mt.model import Transformer, TransformerConfig
+from transformer_mt.tokenizer import PAD_ID, train_tokenizers
+from transformer_mt.translator import Translator
+
+pytest.importorskip("ctranslate2")
+
+from transformer_mt.export import CT2Translator, ExportError, export_ctranslate2  # noqa: E402
+
+N_PAIRS = 300
+GREEDY = DecodingConfig(beam_size=1)
+
+
+@pytest.fixture(scope="module")
+def pairs(corpus: Path) -> tuple[list[str], list[str]]:
+    english, french, _ = read_tatoeba(corpus)
+    return sample_pairs(english, french, N_PAIRS, 7)
+
+
+def _train(pairs: tuple[list[str], list[str]], directory: Path, steps: int,
+           **model: object) -> tuple[Path, Transformer]:
+    """A tiny model fitted for a few seconds so that its greedy outputs are real words, saved with
+    the checkpoint keys train.py writes (minus optimizer state, which export does not read)."""
+    torch.manual_seed(0)
+    en, fr = pairs
+    vocab = train_tokenizers(TokenizerConfig(kind="bpe", vocab_size=500, min_frequency=2), en, fr)
+    config = TransformerConfig(src_vocab_size=vocab.src_vocab_size, tgt_vocab_size=vocab.tgt_vocab_size,
+                               pad_id=PAD_ID, d_model=64, n_heads=4, d_ff=128, encoder_layers=2,
+                               decoder_layers=2, dropout=0.0, max_positions=128, **model)  # type: ignore[arg-type]
+    net = Transformer(config)
+    src, tgt = vocab.encode_src(en), vocab.encode_tgt(fr)
+    optimizer = torch.optim.Adam(net.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        idx = torch.randint(0, len(src), (32,), generator=generator).tolist()
+        batch = collate([src[i] for i in idx], [tgt[i] for i in idx], PAD_ID)
+        loss = F.cross_entropy(net(batch.src, batch.tgt_in).flatten(0, 1), batch.tgt_out.flatten(),
+                               ignore_index=PAD_ID)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    net.eval()
+    directory.mkdir(parents=True, exist_ok=True)
+    save_checkpoint({"model_config": dataclasses.asdict(config), "config": {}, "overrides": [],
+                     "tokenizer": vocab.to_json(), "model": net.state_dict(), "epoch": 1,
+                     "step": steps}, directory / "best.pt")
+    return directory, net
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """Tiny tensors: one thread is as fast and fair to other jobs (CTranslate2 uses one too)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def post_norm(pairs: tuple[list[str], list[str]], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default architecture: post-norm, ReLU, sinusoidal positions, tied embeddings."""
+    return _train(pairs, tmp_path_factory.mktemp("post"), steps=80)[0]
+
+
+def _parity(run: Path, model_dir: Path, sentences: list[str],
+            decoding: DecodingConfig) -> tuple[int, float, list[str]]:
+    """(identical 1-best outputs, largest score difference among them, the differing sources)."""
+    reference = Translator.from_checkpoint(run, device="cpu", decoding=decoding)
+    engine = CT2Translator.from_dir(model_dir, intra_threads=1, decoding=decoding)
+    ours, theirs = reference.translate_nbest(sentences), engine.translate_nbest(sentences)
+    same = [a[0].text == b[0].text for a, b in zip(ours, theirs)]
+    gap = max((abs(a[0].score - b[0].score) for a, b, s in zip(ours, theirs, same) if s), default=0.0)
+    return sum(same), gap, [src for src, s in zip(sentences, same) if not s]
+
+
+def test_float32_greedy_matches_pytorch(post_norm: Path, pairs: tuple[list[str], list[str]],
+                                        tmp_path: Path) -> None:
+    model_dir = export_ctranslate2(post_norm, tmp_path / "ct2", quantization="float32")
+    assert {"model.bin", "config.json", "tokenizer.json", "transformer_mt.json"} <= {
+        p.name for p in model_dir.iterdir()}
+    sentences = pairs[0]
+    same, gap, differ = _parity(post_norm, model_dir, sentences, GREEDY)
+    print(f"post-norm float32 greedy: {same}/{len(sentences)} identical, max score gap {gap:.2e}")
+    assert same >= 0.99 * len(sentences), differ[:5]
+    assert gap < 1e-3  # same log-probs up to float32 rounding
+    outputs = Translator.from_checkpoint(post_norm, device="cpu", decoding=GREEDY).translate(sentences)
+    assert len(set(outputs)) > len(sentences) // 4  # a model that says something
+
+    # Beam search: CTranslate2's hypotheses re-ranked with our GNMT length penalty.
+    same, _, differ = _parity(post_norm, model_dir, sentences[:100], DecodingConfig(beam_size=4))
+    print(f"post-norm float32 beam 4: {same}/100 identical")
+    assert same >= 97, differ[:5]
+
+
+def test_pre_norm_gelu_learned_untied_matches_pytorch(pairs: tuple[list[str], list[str]],
+                                                      tmp_path: Path) -> None:
+    """The other branches of the mapping: final LayerNorms, GELU, a learned position table and
+    separate source/target embeddings."""
+    run, _ = _train(pairs, tmp_path / "run", steps=40, norm_first=True, activation="gelu",
+                    positional="learned", tie_embeddings=False)
+    model_dir = export_ctranslate2(run, tmp_path / "ct2", quantization="float32")
+    sentences = pairs[0][:150]
+    same, gap, differ = _parity(run, model_dir, sentences, GREEDY)
+    print(f"pre-norm float32 greedy: {same}/{len(sentences)} identical, max score gap {gap:.2e}")
+    assert same >= 0.99 * len(sentences), differ[:5]
+    assert gap < 1e-3
+
+
+def test_int8_loads_and_translates(post_norm: Path, pairs: tuple[list[str], list[str]],
+                                   tmp_path: Path) -> None:
+    model_dir = export_ctranslate2(post_norm, tmp_path / "ct2-int8")  # int8 is the default
+    engine = CT2Translator.from_dir(model_dir, intra_threads=1, decoding=GREEDY)
+    assert engine.info["quantization"] == "int8" and engine.info["compute_type"].startswith("int8")
+    sentences = pairs[0]
+    reference = Translator.from_checkpoint(post_norm, device="cpu", decoding=GREEDY).translate(sentences)
+    out = engine.translate(sentences)
+    same = sum(a == b for a, b in zip(out, reference))
+    assert sum(bool(t) for t in out) > 0.9 * len(sentences)
+    # The int8 weights themselves, computed in float32: only the weight rounding differs.
+    weights_only = CT2Translator.from_dir(model_dir, intra_threads=1, decoding=GREEDY,
+                                          compute_type="float32").translate(sentences)
+    close = sum(a == b for a, b in zip(weights_only, reference))
+    print(f"int8: {same}/{len(sentences)} identical to PyTorch float32 (int8 GEMM), "
+          f"{close}/{len(sentences)} with int8 weights computed in float32")
+    # This barely trained model has near-ties everywhere, so any rounding flips some tokens; the
+    # int8 GEMM (activations quantized too) flips many more, on AVX2 CPUs without VNNI especially.
+    assert close >= 0.6 * len(sentences)
+
+
+def test_translator_interface(post_norm: Path, tmp_path: Path) -> None:
+    model_dir = export_ctranslate2(post_norm, tmp_path / "ct2", quantization="float32")
+    engine = CT2Translator.from_dir(model_dir, intra_threads=1)
+    reference = Translator.from_checkpoint(post_norm, device="cpu")
+    lines = ["", "I am cold.", "   ", "He is sleeping.", ""]
+    out = engine.translate(lines, beam_size=3)
+    assert out == reference.translate(lines, beam_size=3)
+    assert out[0] == out[2] == out[4] == "" and out[1] and out[3]
+    assert isinstance(engine.translate("I am cold."), str)
+
+    nbest = engine.translate_nbest(["I am cold."], beam_size=4, n_best=3)[0]
+    assert len(nbest) == 3 and [h.score for h in nbest] == sorted((h.score for h in nbest), reverse=True)
+
+    # Attention: head average of the last layer over the source with its <eos>, as ours.
+    ours = reference.translate_nbest(["Where is the station?"], return_attention=True, beam_size=1)[0][0]
+    theirs = engine.translate_nbest(["Where is the station?"], return_attention=True, beam_size=1)[0][0]
+    assert theirs.tokens == ours.tokens
+    assert theirs.attention is not None and ours.attention is not None
+    assert theirs.attention.shape == ours.attention.shape
+    assert torch.allclose(theirs.attention, ours.attention, atol=1e-4)
+
+    # Over-long input is cut to the model's positions, as with PyTorch.
+    engine.translate(["word " * 300], beam_size=1)
+    assert engine.truncated == 1
+
+
+def test_export_replaces_an_export_but_not_other_directories(post_norm: Path, tmp_path: Path) -> None:
+    target = tmp_path / "ct2"
+    export_ctranslate2(post_norm, target, quantization="float32")
+    export_ctranslate2(post_norm, target, quantization="int8")  # atomic swap of a previous export
+    assert '"quantization": "int8"' in (target / "transformer_mt.json").read_text()
+    assert [p.name for p in tmp_path.iterdir()] == ["ct2"]  # no temporary directories left
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    with pytest.raises(ExportError, match="is not a CTranslate2 export"):
+        export_ctranslate2(post_norm, other)
+    assert (other / "keep.txt").read_text() == "mine"
+    with pytest.raises(ExportError, match="quantization='int4' is not allowed"):
+        export_ctranslate2(post_norm, tmp_path / "x", quantization="int4")
+    with pytest.raises(ExportError, match="not a CTranslate2 export of transformer-mt"):
+        CT2Translator.from_dir(other)
+
+
+def test_ctranslate2_engine_needs_a_model_dir() -> None:
+    from transformer_mt.translate import translate
+
+    with pytest.raises(ConfigError, match="engine=ctranslate2 needs model_dir="):
+        translate(TranslateConfig(engine="ctranslate2", text="Hello"))
+
+
+def test_cli_export_then_translate(post_norm: Path, tmp_path: Path) -> None:
+    started = time.perf_counter()
+    model_dir = tmp_path / "ct2-cli"
+    result = run_cli("export", f"checkpoint={post_norm}", "quantization=float32", f"output_dir={model_dir}")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(model_dir.resolve()) and (model_dir / "model.bin").is_file()
+
+    text = "Where is the station?"
+    result = run_cli("translate", "engine=ctranslate2", f"model_dir={model_dir}", "device=cpu",
+                     f"text={text}")
+    assert result.returncode == 0, result.stderr
+    expected = Translator.from_checkpoint(post_norm, device="cpu").translate(text)  # default beam 5
+    assert result.stdout.strip() == expected
+    print(f"CLI export + translate: {time.perf_counter() - started:.1f}s")
