@@ -203,6 +203,7 @@ def ct2_speeds(checkpoint: Path, sources: list[str], refs: list[str], beam5_bleu
     """CTranslate2 int8 beam 5, when the `ct2` extra is installed."""
     try:
         import ctranslate2  # noqa: F401
+
         from transformer_mt.export import CT2Translator, export_ctranslate2
     except ImportError:
         return {"ct2_int8_beam5_sent_s": None, "ct2_bleu_delta": None}

@@ -16,12 +16,13 @@ import time
 from pathlib import Path
 
 import torch
-from benchmark import load_warning, machine  # scripts/ is on sys.path when run as a script
 
 from transformer_mt.config import DecodingConfig
 from transformer_mt.data import load_split_tsv
 from transformer_mt.metrics import score
 from transformer_mt.translator import Translator
+
+from benchmark import load_warning, machine  # scripts/ is on sys.path when run as a script
 
 
 def run(engine: Translator, sources: list[str], refs: list[str], decoding: DecodingConfig) -> dict:
