@@ -216,6 +216,7 @@ def beam_search(
     max_len_b: int = 10,
     n_best: int = 1,
     return_attention: bool = False,
+    exhaustive: bool = False,
 ) -> list[list[Hypothesis]]:
     """Batched beam search (fairseq-style) returning the n_best hypotheses per sentence.
 
@@ -223,9 +224,10 @@ def beam_search(
     2K continuations per sentence; eos among the top K are finalised with score
     logprob_sum / lp(len(tokens) + 1), the first K non-eos ones become the new beams. A sentence is
     done when it has K finished hypotheses (so K=1 is exactly greedy), or when it has n_best and
-    no live beam can still beat the n_best-th (its log-prob sum can only fall, so its best
-    normalised score is sum / max lp over the lengths still possible), or at max length (eos
-    forced). Done sentences leave the batch and the cache.
+    its best live beam, scored as if it ended now, cannot beat the n_best-th finished one (with
+    exhaustive=True: as if it ended at the most favourable length still possible, which is exact
+    but rarely stops early when length_penalty > 0), or at max length (eos forced). Done
+    sentences leave the batch and the cache.
     """
     if beam_size < 1 or not 1 <= n_best <= beam_size:
         raise ValueError("need beam_size >= 1 and 1 <= n_best <= beam_size")
@@ -258,11 +260,14 @@ def beam_search(
             at_max = torch.tensor([t >= m for m in max_len_list], device=device)  # (A,)
             _force_eos(logp, at_max.repeat_interleave(K), eos_id)
 
-            cand = (scores[:, :, None] + logp.view(A, K, V)).view(A, K * V)
-            n_cand = min(2 * K, K * V)
-            top_scores, top_idx = cand.topk(n_cand, dim=1)  # (A, 2K), sorted desc
-            top_beam = torch.div(top_idx, V, rounding_mode="floor")
-            top_tok = top_idx % V
+            # The best 2K continuations of a sentence are among the best 2K of each of its beams:
+            # pick those per row first, so the sum and topk run over K*2K values, not K*V.
+            n_cand = min(2 * K, V)
+            row_top, row_tok = logp.topk(n_cand, dim=1)  # (A*K, 2K)
+            cand = (scores.view(A * K, 1) + row_top).view(A, K * n_cand)
+            top_scores, top_pos = cand.topk(n_cand, dim=1)  # (A, 2K), sorted desc
+            top_beam = torch.div(top_pos, n_cand, rounding_mode="floor")
+            top_tok = row_tok.view(A, K * n_cand).gather(1, top_pos)
             top_row = top_beam + torch.arange(A, device=device)[:, None] * K  # rows of A*K
             is_eos = top_tok == eos_id
 
@@ -303,10 +308,15 @@ def beam_search(
                     continue
                 if len(fins) >= n_best:
                     nth = sorted((h.score for h in fins), reverse=True)[n_best - 1]
-                    # a live beam ends at a length in [t + 1, max_len + 1]; lp is monotone
-                    lp_max = max(_length_penalty(t + 1, length_penalty),
+                    if exhaustive:
+                        # a live beam ends at a length in [t + 1, max_len + 1]; lp is monotone
+                        lp = max(_length_penalty(t + 1, length_penalty),
                                  _length_penalty(max_len_list[a] + 1, length_penalty))
-                    done.append(best_live[a] / lp_max <= nth)
+                    else:
+                        # the usual heuristic (Hugging Face's early_stopping=False): judge the
+                        # best live beam as if it ended now; far fewer steps, same n-best in practice
+                        lp = _length_penalty(t + 1, length_penalty)
+                    done.append(best_live[a] / lp <= nth)
                 else:
                     done.append(False)
 
