@@ -160,6 +160,7 @@ def loop_overhead(cfg: TrainConfig, data, compute_tok_s: float, n_batches: int) 
     with tempfile.TemporaryDirectory() as tmp:
         sub = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, dir=tmp))
         sub.dataset.max_pairs = None
+        sub.training = dataclasses.replace(cfg.training, epochs=1)
         trainer = Trainer(sub, Path(tmp))
         batches = trainer.sampler.batches(0)
         trainer.sampler.batches = lambda epoch, *a, **k: batches[:n_batches]  # a short epoch
@@ -242,7 +243,18 @@ def run_child(mode: str, checkpoint: Path | None) -> None:
         engine = Translator.from_checkpoint(checkpoint, device="cpu")
         sources, _ = load_split_tsv(Path(engine.info["checkpoint"]).parent / "split" / "test.tsv")
         engine.translate(sources[:300])
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    print(peak_rss_mib())
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory. VmHWM starts afresh at exec; ru_maxrss does not (on
+    Linux it keeps the parent's peak across fork + exec), so prefer it where /proc exists."""
+    status = Path("/proc/self/status")
+    if status.exists():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _model_config(model: ModelConfig, data) -> TransformerConfig:
