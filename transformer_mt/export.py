@@ -76,10 +76,10 @@ from typing import Any
 import torch
 
 from transformer_mt.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
-from transformer_mt.config import CHOICES, ConfigError, DecodingConfig, ExportConfig, validate
+from transformer_mt.config import CHOICES, ConfigError, DecodingConfig, ExportConfig
 from transformer_mt.model import Transformer, TransformerConfig
 from transformer_mt.tokenizer import BOS, BOS_ID, EOS, EOS_ID, PAD_ID, UNK, UNK_ID, Vocabulary
-from transformer_mt.translator import Translation
+from transformer_mt.translator import Translation, decoding_with, encode_sources
 
 log = logging.getLogger(__name__)
 META_FILE = "transformer_mt.json"
@@ -324,23 +324,12 @@ class CT2Translator:
         return cls(translator, vocab, meta, decoding, max_input_tokens, info)
 
     def _options(self, **overrides: Any) -> DecodingConfig:
-        given = {k: v for k, v in overrides.items() if v is not None}
-        decoding = dataclasses.replace(self.decoding, **given)
-        if "beam_size" in given and "n_best" not in given:
-            decoding.n_best = min(decoding.n_best, decoding.beam_size)
-        holder = dataclasses.make_dataclass("Holder", [("decoding", DecodingConfig)])(decoding)
-        validate(holder)
-        return decoding
+        return decoding_with(self.decoding, **overrides)
 
     def encode(self, sentences: list[str]) -> list[list[int]]:
         """Token ids of each source, cut to the model's length limit (counted in `truncated`)."""
-        ids = self.vocab.encode_src([s.strip() for s in sentences])
-        for i, seq in enumerate(ids):
-            if len(seq) > self.max_input_tokens:
-                ids[i] = seq[: self.max_input_tokens]
-                self.truncated += 1
-                log.warning("input %d has %d tokens; translating its first %d (the model's limit)",
-                            i + 1, len(seq), self.max_input_tokens)
+        ids, cut = encode_sources(self.vocab, sentences, self.max_input_tokens)
+        self.truncated += cut
         return ids
 
     def max_length(self, n_src: int, decoding: DecodingConfig) -> int:

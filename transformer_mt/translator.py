@@ -39,6 +39,30 @@ class Translation:
     attention: torch.Tensor | None = None  # (output tokens, source tokens)
 
 
+def decoding_with(decoding: DecodingConfig, **overrides: Any) -> DecodingConfig:
+    """A copy of `decoding` with the given (non-None) options, validated like the config."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    decoding = dataclasses.replace(decoding, **given)
+    if "beam_size" in given and "n_best" not in given:
+        decoding.n_best = min(decoding.n_best, decoding.beam_size)
+    holder = dataclasses.make_dataclass("Holder", [("decoding", DecodingConfig)])(decoding)
+    validate(holder)
+    return decoding
+
+
+def encode_sources(vocab: Vocabulary, sentences: list[str], max_tokens: int) -> tuple[list[list[int]], int]:
+    """Source token ids cut to `max_tokens`, and how many were cut (each one logged)."""
+    ids = vocab.encode_src([s.strip() for s in sentences])
+    cut = 0
+    for i, seq in enumerate(ids):
+        if len(seq) > max_tokens:
+            ids[i] = seq[:max_tokens]
+            cut += 1
+            log.warning("input %d has %d tokens; translating its first %d (the model's limit)",
+                        i + 1, len(seq), max_tokens)
+    return ids, cut
+
+
 class Translator:
     """A trained model with its tokenizer, ready to translate plain text."""
 
@@ -79,23 +103,12 @@ class Translator:
         return cls(model, vocab, target, decoding, max_input_tokens, info)
 
     def _options(self, **overrides: Any) -> DecodingConfig:
-        given = {k: v for k, v in overrides.items() if v is not None}
-        decoding = dataclasses.replace(self.decoding, **given)
-        if "beam_size" in given and "n_best" not in given:
-            decoding.n_best = min(decoding.n_best, decoding.beam_size)
-        holder = dataclasses.make_dataclass("Holder", [("decoding", DecodingConfig)])(decoding)
-        validate(holder)
-        return decoding
+        return decoding_with(self.decoding, **overrides)
 
     def encode(self, sentences: list[str]) -> list[list[int]]:
         """Token ids of each source, cut to the model's length limit (counted in `truncated`)."""
-        ids = self.vocab.encode_src([s.strip() for s in sentences])
-        for i, seq in enumerate(ids):
-            if len(seq) > self.max_input_tokens:
-                ids[i] = seq[: self.max_input_tokens]
-                self.truncated += 1
-                log.warning("input %d has %d tokens; translating its first %d (the model's limit)",
-                            i + 1, len(seq), self.max_input_tokens)
+        ids, cut = encode_sources(self.vocab, sentences, self.max_input_tokens)
+        self.truncated += cut
         return ids
 
     def translate_nbest(self, sentences: list[str], return_attention: bool = False,
