@@ -18,6 +18,9 @@ from typing import Any
 
 import torch
 
+from transformer_mt.model import Transformer, TransformerConfig
+from transformer_mt.tokenizer import Vocabulary
+
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 BEST = "best.pt"
@@ -139,3 +142,22 @@ def prune_epoch_checkpoints(run_dir: Path, keep_last: int) -> None:
     """Delete all but the newest `keep_last` epoch files (best.pt is a separate link and survives)."""
     for old in epoch_checkpoints(run_dir)[:-keep_last]:
         old.unlink(missing_ok=True)
+
+
+def model_from_checkpoint(path: str | Path) -> tuple[Path, dict[str, Any], Transformer, Vocabulary]:
+    """(file, state, model in eval mode, tokenizer) rebuilt from a checkpoint file or run directory."""
+    file = resolve_checkpoint(path)
+    state = load_checkpoint(file)
+    try:
+        model = Transformer(TransformerConfig(**state["model_config"]))
+        model.load_state_dict(state["model"])
+        vocab = Vocabulary.from_json(state["tokenizer"])
+    except (TypeError, RuntimeError, ValueError, KeyError) as ex:
+        first = str(ex).strip().splitlines()[0][:200]
+        raise CheckpointError(f"checkpoint {file} does not match this version's model or "
+                              f"tokenizer ({first})") from ex
+    if (vocab.src_vocab_size, vocab.tgt_vocab_size) != (model.config.src_vocab_size,
+                                                        model.config.tgt_vocab_size):
+        raise CheckpointError(f"checkpoint {file}: the tokenizer's vocabulary does not fit the "
+                              "model's embeddings; it was assembled from different runs")
+    return file, state, model.eval(), vocab

@@ -75,11 +75,11 @@ from typing import Any
 
 import torch
 
-from transformer_mt.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
+from transformer_mt.checkpoint import model_from_checkpoint
 from transformer_mt.config import CHOICES, ConfigError, DecodingConfig, ExportConfig
-from transformer_mt.model import Transformer, TransformerConfig
+from transformer_mt.model import Transformer
 from transformer_mt.tokenizer import BOS, BOS_ID, EOS, EOS_ID, PAD_ID, UNK, UNK_ID, Vocabulary
-from transformer_mt.translator import Translation, decoding_with, encode_sources
+from transformer_mt.translator import TextTranslator, Translation
 
 log = logging.getLogger(__name__)
 META_FILE = "transformer_mt.json"
@@ -126,18 +126,6 @@ def _tokens(tok: Any, side: str) -> list[str]:
     return tokens
 
 
-def _load_model(checkpoint: str | Path) -> tuple[Path, dict[str, Any], Transformer, Vocabulary]:
-    file = resolve_checkpoint(checkpoint)
-    state = load_checkpoint(file)
-    try:
-        model = Transformer(TransformerConfig(**state["model_config"]))
-        model.load_state_dict(state["model"])
-        vocab = Vocabulary.from_json(state["tokenizer"])
-    except (TypeError, RuntimeError, ValueError, KeyError) as ex:
-        first = str(ex).strip().splitlines()[0][:200]
-        raise CheckpointError(f"checkpoint {file} does not match this version's model or "
-                              f"tokenizer ({first})") from ex
-    return file, state, model.eval(), vocab
 
 
 def build_spec(model: Transformer, vocab: Vocabulary) -> Any:
@@ -233,7 +221,7 @@ def export_ctranslate2(checkpoint: str | Path, output_dir: Path, quantization: s
     if quantization not in QUANTIZATIONS:
         raise ExportError(f"quantization={quantization!r} is not allowed; choose one of: "
                           f"{', '.join(QUANTIZATIONS)}")
-    file, state, model, vocab = _load_model(checkpoint)
+    file, state, model, vocab = model_from_checkpoint(checkpoint)
     with torch.no_grad():
         spec = build_spec(model, vocab)
     spec.optimize(quantization=quantization)
@@ -281,7 +269,7 @@ def export(cfg: ExportConfig) -> Path:
 # Translating with the exported model
 
 
-class CT2Translator:
+class CT2Translator(TextTranslator):
     """A CTranslate2 model directory with our tokenizer: the `Translator` API on CTranslate2."""
 
     def __init__(self, translator: Any, vocab: Vocabulary, meta: dict[str, Any],
@@ -322,15 +310,6 @@ class CT2Translator:
                 "step": meta.get("step"), "quantization": meta.get("quantization"),
                 "compute_type": translator.compute_type, "device": translator.device}
         return cls(translator, vocab, meta, decoding, max_input_tokens, info)
-
-    def _options(self, **overrides: Any) -> DecodingConfig:
-        return decoding_with(self.decoding, **overrides)
-
-    def encode(self, sentences: list[str]) -> list[list[int]]:
-        """Token ids of each source, cut to the model's length limit (counted in `truncated`)."""
-        ids, cut = encode_sources(self.vocab, sentences, self.max_input_tokens)
-        self.truncated += cut
-        return ids
 
     def max_length(self, n_src: int, decoding: DecodingConfig) -> int:
         """Output tokens allowed (without <eos>) for n_src source tokens, as in PyTorch search."""
@@ -453,15 +432,3 @@ class CT2Translator:
                 for text, tid, h in zip(texts, token_ids, best)
             ]
         return results
-
-    def translate(self, sentences: str | list[str], beam_size: int | None = None,
-                  **options: Any) -> str | list[str]:
-        """Best translation of one sentence (a string) or of each sentence of a list."""
-        single = isinstance(sentences, str)
-        batch = [sentences] if single else list(sentences)
-        best = [nbest[0].text for nbest in self.translate_nbest(batch, beam_size=beam_size, **options)]
-        return best[0] if single else best
-
-    def predict(self, sentence: str) -> str:
-        """The classic tutorials' one-sentence call."""
-        return self.translate(sentence)  # type: ignore[return-value]
