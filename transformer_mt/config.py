@@ -8,6 +8,7 @@ express (ranges, choices, cross-field rules) and reports every problem at once, 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -232,25 +233,14 @@ def register_schemas() -> None:
 
 def _unknown_keys(node: Any, schema: type, prefix: str = "") -> list[str]:
     """Keys present in a composed config that the schema does not define (e.g. from `+key=`)."""
-    fields = {f.name: f for f in dataclasses.fields(schema)}
+    types = typing.get_type_hints(schema)
     found = []
     for key in node:
-        if key not in fields:
+        if key not in types:
             found.append(f"{prefix}{key}")
-        elif dataclasses.is_dataclass(fields[key].type) or isinstance(fields[key].type, str):
-            sub = _schema_of(schema, key)
-            if sub is not None and isinstance(node[key], DictConfig):
-                found += _unknown_keys(node[key], sub, f"{prefix}{key}.")
+        elif dataclasses.is_dataclass(types[key]) and isinstance(node[key], DictConfig):
+            found += _unknown_keys(node[key], types[key], f"{prefix}{key}.")
     return found
-
-
-def _schema_of(schema: type, key: str) -> type | None:
-    """The dataclass type of a nested field, if it is one."""
-    default = next(f for f in dataclasses.fields(schema) if f.name == key)
-    if default.default_factory is not dataclasses.MISSING:
-        value = default.default_factory()
-        return type(value) if dataclasses.is_dataclass(value) else None
-    return None
 
 
 def to_dataclass(cfg: DictConfig, schema: type) -> Any:
