@@ -25,7 +25,7 @@ def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
         ("+foo=1", "'foo' is not a known key"),
         ("model.dropout=-0.1", "model.dropout=-0.1 is out of range"),
         ("tokenizer=bogus", "tokenizer=bogus is not a known option"),
-        ("training.scheduler=linear", "training.scheduler='linear' is not allowed"),
+        ("training.scheduler=exponential", "training.scheduler='exponential' is not allowed"),
         ("tokenizer.vocab_size=3", "tokenizer.vocab_size=3 is out of range"),
     ],
 )

@@ -169,3 +169,20 @@ def test_unwritable_run_directory_fails_before_training(tmp_path: Path) -> None:
         check_writable(blocker / "run", 0)
     with pytest.raises(ConfigError, match="MiB free"):
         check_writable(tmp_path / "run", 10**12)
+
+
+def test_sigint_stops_a_whole_sweep(corpus: Path, tmp_path: Path) -> None:
+    """In a multirun, Ctrl-C saves the running job and does not go on to start the next ones."""
+    log_file = tmp_path / "sweep.log"
+    settings = {**FAULT_RUN, "training.save_every_steps": 0, "training.epochs": 50}
+    overrides = [o for o in tiny_overrides(corpus, tmp_path / "unused", **settings)
+                 if not o.startswith("checkpoint.dir=")]
+    proc = _start(["train", "-m", *overrides, f"checkpoint.root={tmp_path / 'root'}",
+                   "training.lr=1e-3,5e-4"], log_file)
+    _wait_for(log_file, "step 2 (", proc)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert "sweep interrupted" in log_file.read_text()
+    jobs = sorted(p.name for p in (tmp_path / "root" / "sweeps").glob("*/*") if p.is_dir())
+    assert jobs == ["0"]
+    assert load_checkpoint(next((tmp_path / "root" / "sweeps").glob("*/0")) / "latest.pt")["step"] >= 2

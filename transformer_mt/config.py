@@ -93,9 +93,11 @@ class TrainingConfig:
     batch_tokens: int = 4096  # padded source or target tokens per batch, whichever is larger
     accumulate: int = 1  # gradient accumulation steps per optimizer step
     lr: float = 1e-3  # peak learning rate
-    scheduler: str = "noam"  # noam (inverse sqrt after linear warm-up) | constant | cosine
+    # noam: inverse sqrt after the linear warm-up. linear | cosine: decay to min_lr over the run, which
+    # ends at `epochs` or at `max_minutes`, whichever comes first (so a time budget ends at min_lr).
+    scheduler: str = "noam"  # noam | linear | cosine | constant
     warmup_steps: int = 500  # about one Tatoeba epoch at 4k-token batches
-    min_lr: float = 0.0  # cosine floor
+    min_lr: float = 0.0  # floor of the linear and cosine decays
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-9
     weight_decay: float = 0.0
@@ -104,9 +106,11 @@ class TrainingConfig:
     log_every: int = 50  # steps between TensorBoard scalars
     valid_max_sentences: int = 500  # validation decoding cap (loss uses the whole valid split)
     valid_beam_size: int = 1
+    valid_every_steps: int = 0  # also validate (and keep a checkpoint) every N steps; 0 = each epoch only
     best_metric: str = "bleu"  # bleu | chrf | loss | cer | wer
     patience: int = 0  # epochs without improvement before stopping; 0 = never stop early
-    keep_last: int = 3  # epoch checkpoints kept besides best
+    keep_last: int = 3  # epoch/step checkpoints kept besides best
+    average_last: int = 0  # at the end, average the last K checkpoints; kept if valid BLEU does not drop
     max_minutes: float | None = None  # wall-clock budget for training
     save_every_steps: int = 0  # mid-epoch checkpoint every N steps; 0 = only at epoch end
     max_bad_steps: int = 5  # consecutive non-finite losses (skipped steps) before the run stops
@@ -191,6 +195,7 @@ class TranslateConfig:
     debug: bool = False
     engine: str = "pytorch"  # pytorch | ctranslate2 (an `export`ed model_dir; the ct2 extra)
     model_dir: str | None = None  # engine=ctranslate2: the exported model directory
+    ct2_exact: bool = True  # engine=ctranslate2: reproduce PyTorch search exactly; false = faster
 
 
 @dataclass
@@ -214,7 +219,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.positional": ("sinusoidal", "learned"),
     "device.name": ("auto", "cpu", "cuda", "mps"),
     "device.amp": ("auto", "off", "bf16", "fp16"),
-    "training.scheduler": ("noam", "constant", "cosine"),
+    "training.scheduler": ("noam", "linear", "cosine", "constant"),
     "training.best_metric": ("bleu", "chrf", "loss", "cer", "wer"),
     "split": ("test", "valid"),
     "engine": ("pytorch", "ctranslate2"),
@@ -305,6 +310,9 @@ def validate(cfg: Any) -> None:
         _range(found, "training.keep_last", t.keep_last, t.keep_last >= 1, ">= 1")
         _range(found, "training.patience", t.patience, t.patience >= 0, ">= 0")
         _range(found, "training.save_every_steps", t.save_every_steps, t.save_every_steps >= 0, ">= 0")
+        _range(found, "training.valid_every_steps", t.valid_every_steps, t.valid_every_steps >= 0, ">= 0")
+        _range(found, "training.average_last", t.average_last, 0 <= t.average_last <= t.keep_last,
+               f"between 0 and training.keep_last ({t.keep_last}), since only kept checkpoints average")
         _range(found, "training.max_bad_steps", t.max_bad_steps, t.max_bad_steps >= 1, ">= 1")
         if t.max_minutes is not None:
             _range(found, "training.max_minutes", t.max_minutes, t.max_minutes > 0, "> 0 or null")

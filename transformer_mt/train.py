@@ -14,6 +14,7 @@ import math
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +41,17 @@ from transformer_mt.runtime import (
 from transformer_mt.tokenizer import PAD_ID, Vocabulary
 
 log = logging.getLogger(__name__)
+AVERAGED = "averaged.pt"
 
 
-def lr_lambda(training: TrainingConfig, total_steps: int) -> Any:
-    """Learning-rate multiplier per optimizer step: linear warm-up, then the chosen decay."""
+def lr_lambda(training: TrainingConfig, total_steps: int,
+              time_used: Callable[[], float] = lambda: 0.0) -> Callable[[int], float]:
+    """Learning-rate multiplier per optimizer step: linear warm-up, then the chosen decay.
+
+    The linear and cosine decays reach `min_lr` when the run ends: after `total_steps`, or when
+    `time_used()` (the fraction of `max_minutes` spent) reaches 1, whichever comes first. A run on a
+    time budget thus cools down properly instead of being cut off at a high learning rate.
+    """
     warmup = training.warmup_steps
 
     def factor(step: int) -> float:
@@ -52,10 +60,13 @@ def lr_lambda(training: TrainingConfig, total_steps: int) -> Any:
             return step / warmup
         if training.scheduler == "noam":  # inverse square root, equal to 1 at the end of warm-up
             return math.sqrt(max(warmup, 1) / step)
-        if training.scheduler == "cosine":
-            progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        if training.scheduler in ("linear", "cosine"):
+            by_steps = (step - warmup) / max(1, total_steps - warmup)
+            progress = min(1.0, max(by_steps, time_used()))
+            cosine = 0.5 * (1 + math.cos(math.pi * progress))
+            shape = 1 - progress if training.scheduler == "linear" else cosine
             floor = training.min_lr / training.lr
-            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+            return floor + (1 - floor) * shape
         return 1.0
 
     return factor
@@ -141,7 +152,7 @@ class Trainer:
                                          seed=cfg.seed)
         steps_per_epoch = math.ceil(len(self.sampler) / t.accumulate)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(t, steps_per_epoch * t.epochs))
+            self.optimizer, lr_lambda(t, steps_per_epoch * t.epochs, self._budget_used))
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == torch.float16)
 
         self.epoch = 0  # the epoch in progress (0-based)
@@ -150,7 +161,9 @@ class Trainer:
         self.best: dict[str, Any] = {"metric": t.best_metric, "value": None, "epoch": None}
         self.bad_epochs = 0
         self.bad_steps = 0  # consecutive non-finite losses
-        self.train_seconds = 0.0
+        self.interrupted = False  # stopped by SIGINT/SIGTERM (after saving)
+        self.train_seconds = 0.0  # training, validation and checkpointing, over all sessions of the run
+        self._last_tick = time.perf_counter()
         if resume_state:
             self._restore(resume_state)
 
@@ -177,6 +190,9 @@ class Trainer:
                     for k, v in expected.items() if state["model_config"].get(k) != v]
             raise ckpt.CheckpointError("cannot resume: the checkpoint's model differs from the config "
                                        f"({'; '.join(diff)}); drop those overrides")
+        if "optimizer" not in state:
+            raise ckpt.CheckpointError("cannot resume from an averaged (inference-only) checkpoint; "
+                                       "resume from the run directory or its latest.pt")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -193,42 +209,69 @@ class Trainer:
         """Train until the epochs, the time budget or the patience run out; return the best metric."""
         t = self.cfg.training
         self._log_config_once()
+        self._last_tick = time.perf_counter()
         stop_reason = ""
         with _Interrupt() as interrupt:
             while self.epoch < t.epochs and not stop_reason:
-                finished = self._train_epoch(interrupt)
+                stop_reason = self._train_epoch(interrupt)
                 if interrupt.requested:
+                    self.interrupted = True
                     self._save(tag="interrupt")
                     log.warning("stopped; continue with: transformer-mt train resume=%s", self.run_dir)
                     return self._best_value()
-                if not finished:
-                    stop_reason = f"time budget of {t.max_minutes} minutes reached"
-                scores, valid_loss = self.validate()
-                improved = self._update_best(scores, valid_loss)
-                if finished:
-                    self.epoch += 1
-                    self.batch_in_epoch = 0
-                self._save(tag="epoch" if finished else "budget", improved=improved)
-                if t.patience and self.bad_epochs >= t.patience:
-                    stop_reason = f"no improvement in {t.patience} epochs"
+                if not self._validated_at_step:
+                    stop_reason = self._validate_and_save() or stop_reason
         if stop_reason:
             log.info("stopping: %s", stop_reason)
+        if t.average_last >= 2:
+            self._average_last(t.average_last)
         self.writer.close()
-        log.info("best %s %.2f at epoch %s; checkpoints in %s", t.best_metric, self._best_value(),
-                 self.best["epoch"], self.run_dir)
+        log.info("best %s %.2f at epoch %s, step %s; checkpoints in %s", t.best_metric,
+                 self._best_value(), self.best["epoch"], self.best.get("step"), self.run_dir)
         return self._best_value()
 
-    def _out_of_time(self, started: float) -> bool:
-        budget = self.cfg.training.max_minutes
-        return budget is not None and self.train_seconds + time.perf_counter() - started > budget * 60
+    def _tick(self) -> None:
+        """Add the time since the last tick to the run's clock (the budget counts all of it)."""
+        now = time.perf_counter()
+        self.train_seconds += now - self._last_tick
+        self._last_tick = now
 
-    def _train_epoch(self, interrupt: _Interrupt) -> bool:
-        """One pass over the shuffled batches (from where a resumed run left off); False if out of time."""
+    def _budget_used(self) -> float:
+        """The fraction of `max_minutes` spent (0 without a budget): drives budget-aware decays."""
+        budget = self.cfg.training.max_minutes
+        return 0.0 if budget is None else self.train_seconds / (budget * 60)
+
+    def _validate_and_save(self) -> str:
+        """Validate, update best, keep a checkpoint (epoch_NNN.pt at the end of an epoch, else
+        step_NNNNNNN.pt); a reason to stop, or '' to go on."""
+        t = self.cfg.training
+        scores, valid_loss = self.validate()
+        improved = self._update_best(scores, valid_loss)
+        end_of_epoch = self.batch_in_epoch == self._epoch_batches
+        if end_of_epoch:
+            self.epoch += 1
+            self.batch_in_epoch = 0
+        self._tick()
+        self._save(tag="epoch" if end_of_epoch else "step", improved=improved)
+        self._tick()
+        if t.patience and self.bad_epochs >= t.patience:
+            return f"no improvement in {t.patience} validations"
+        if self._budget_used() >= 1:
+            return f"time budget of {t.max_minutes} minutes reached"
+        return ""
+
+    def _train_epoch(self, interrupt: _Interrupt) -> str:
+        """One pass over the shuffled batches (from where a resumed run left off).
+
+        Returns a reason to stop early ('' if none). `_validated_at_step` tells whether the last
+        step was already validated and saved (by `valid_every_steps`), so the caller need not repeat it.
+        """
         t = self.cfg.training
         batches = self.sampler.batches(self.epoch)
+        self._epoch_batches = len(batches)
         train = self.data.train
         self.model.train()
-        started = time.perf_counter()
+        self._validated_at_step = False
         window_tokens, window_start, window_loss, window_batches = 0, time.perf_counter(), 0.0, 0
         bar = tqdm(total=len(batches), initial=self.batch_in_epoch, desc=f"epoch {self.epoch + 1}",
                    disable=not t.progress, dynamic_ncols=True, leave=False)
@@ -250,12 +293,14 @@ class Trainer:
                     f"the effective batch) and resume=... from the last checkpoint") from ex
             self.bad_steps = 0
             self.batch_in_epoch = index + 1
+            self._validated_at_step = False
             window_tokens += batch.n_tgt_tokens
             window_loss += loss.item()
             window_batches += 1
             if self.batch_in_epoch % t.accumulate and self.batch_in_epoch < len(batches):
                 continue
             grad_norm = self._optimizer_step()
+            self._tick()
             bar.update(self.batch_in_epoch - bar.n)
             if self.step % t.log_every == 0 or self.batch_in_epoch == len(batches):
                 elapsed = time.perf_counter() - window_start
@@ -271,17 +316,22 @@ class Trainer:
                 window_tokens, window_start, window_loss, window_batches = 0, time.perf_counter(), 0.0, 0
             elif window_batches >= t.accumulate:
                 bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
-            if t.save_every_steps and self.step % t.save_every_steps == 0:
-                self._save(tag="step")
+            stop_reason = ""
+            if t.valid_every_steps and self.step % t.valid_every_steps == 0:
+                if self.batch_in_epoch == len(batches):  # the epoch's own validation follows
+                    break
+                stop_reason = self._validate_and_save()
+                self._validated_at_step = True
+                self.model.train()
+            elif t.save_every_steps and self.step % t.save_every_steps == 0:
+                self._save(tag="latest")
             if interrupt.requested:
                 break
-            if self._out_of_time(started):
-                self.train_seconds += time.perf_counter() - started
+            if stop_reason or self._budget_used() >= 1:
                 bar.close()
-                return False
-        self.train_seconds += time.perf_counter() - started
+                return stop_reason or f"time budget of {t.max_minutes} minutes reached"
         bar.close()
-        return self.batch_in_epoch == len(batches)
+        return ""
 
     def _skip_bad_step(self, value: torch.Tensor, index: int, what: str = "loss") -> None:
         """A non-finite loss or gradient changes nothing; too many in a row means divergence."""
@@ -341,8 +391,11 @@ class Trainer:
         self.model.train()
         return total / max(tokens, 1)
 
-    def validate(self) -> tuple[Scores, float]:
-        """Loss on the whole valid split; BLEU/chrF/CER/WER on its first `valid_max_sentences`."""
+    def validate(self, label: str = "") -> tuple[Scores, float]:
+        """Loss on the whole valid split; BLEU/chrF/CER/WER on its first `valid_max_sentences`.
+
+        `label` names a variant of the model (e.g. "averaged"); its scalars go to `valid_<label>/`.
+        """
         t = self.cfg.training
         started = time.perf_counter()
         valid = self.data.valid
@@ -355,22 +408,24 @@ class Trainer:
         scores = score(texts, valid.tgt_text[:n])
         step = self.step
         w = self.writer
-        w.add_scalar("valid/loss", valid_loss, step)
-        w.add_scalar("valid/ppl", math.exp(min(valid_loss, 50)), step)
+        tag = f"valid_{label}" if label else "valid"
+        w.add_scalar(f"{tag}/loss", valid_loss, step)
+        w.add_scalar(f"{tag}/ppl", math.exp(min(valid_loss, 50)), step)
         for name in ("bleu", "chrf", "cer", "wer"):
-            w.add_scalar(f"valid/{name}", getattr(scores, name), step)
+            w.add_scalar(f"{tag}/{name}", getattr(scores, name), step)
         samples = "\n\n".join(f"    {valid.src_text[i]}\n    → {texts[i]}\n    ({valid.tgt_text[i]})"
                               for i in range(min(t.num_samples, n)))
-        w.add_text("valid/samples", samples, step)
+        w.add_text(f"{tag}/samples", samples, step)
         self._log_attention(valid.src_ids[0], step)
         w.flush()
-        log.info("epoch %d valid: loss %.3f, BLEU %.2f, chrF %.2f, CER %.3f, WER %.3f (%d sentences, "
-                 "%.1fs)", self.epoch + 1, valid_loss, scores.bleu, scores.chrf, scores.cer, scores.wer,
-                 n, time.perf_counter() - started)
+        log.info("epoch %d %s: loss %.3f, BLEU %.2f, chrF %.2f, CER %.3f, WER %.3f (%d sentences, "
+                 "%.1fs)", self.epoch + 1, tag.replace("_", " "), valid_loss, scores.bleu, scores.chrf,
+                 scores.cer, scores.wer, n, time.perf_counter() - started)
         for i in range(min(t.num_samples, n)):
             log.info("  %s → %s", valid.src_text[i], texts[i])
         record = {"epoch": self.epoch + 1, "step": self.step, "valid_loss": valid_loss,
-                  "train_minutes": self.train_seconds / 60, **scores.as_dict()}
+                  "train_minutes": self.train_seconds / 60, **scores.as_dict(),
+                  **({"model": label} if label else {})}
         with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
         return scores, valid_loss
@@ -396,11 +451,36 @@ class Trainer:
         best = self.best["value"]
         better = best is None or (value > best if HIGHER_IS_BETTER[name] else value < best)
         if better:
-            self.best = {"metric": name, "value": value, "epoch": self.epoch + 1}
+            self.best = {"metric": name, "value": value, "epoch": self.epoch + 1, "step": self.step}
             self.bad_epochs = 0
         else:
             self.bad_epochs += 1
         return better
+
+    def _average_last(self, k: int) -> None:
+        """Average the last k checkpoints; keep the result as best.pt only if validation agrees."""
+        paths = ckpt.numbered_checkpoints(self.run_dir)[-k:]
+        if len(paths) < 2:
+            log.info("checkpoint averaging skipped: only %d checkpoint(s) to average", len(paths))
+            return
+        state = ckpt.average_checkpoints(paths)
+        last_weights = {k: v.clone() for k, v in self.model.state_dict().items()}
+        self.model.load_state_dict(state["model"])
+        scores, valid_loss = self.validate(label="averaged")
+        name = self.cfg.training.best_metric
+        value = valid_loss if name == "loss" else getattr(scores, name)
+        best = self.best["value"]
+        better = best is None or (value >= best if HIGHER_IS_BETTER[name] else value <= best)
+        log.info("average of %s: valid %s %.2f vs best single checkpoint %.2f: %s",
+                 ", ".join(p.name for p in paths), name, value, self._best_value(),
+                 "kept as best.pt" if better else "discarded")
+        self.writer.add_scalar(f"valid/averaged_{name}_gain", value - (best or 0.0), self.step)
+        if better:
+            state["best"] = self.best = {"metric": name, "value": value, "epoch": self.epoch,
+                                         "step": self.step, "averaged": len(paths)}
+            ckpt.save_checkpoint(state, self.run_dir / AVERAGED)
+            ckpt.link_checkpoint(self.run_dir / AVERAGED, self.run_dir / ckpt.BEST)
+        self.model.load_state_dict(last_weights)
 
     def _best_value(self) -> float:
         return float("nan") if self.best["value"] is None else float(self.best["value"])
@@ -424,11 +504,12 @@ class Trainer:
             "train_seconds": self.train_seconds,
             "rng": rng_state(),
         }
-        if tag == "epoch":
-            path = self.run_dir / f"epoch_{self.epoch:03d}.pt"
+        if tag in ("epoch", "step"):  # numbered: kept (keep_last of them) and averaged at the end
+            name = f"epoch_{self.epoch:03d}.pt" if tag == "epoch" else f"step_{self.step:07d}.pt"
+            path = self.run_dir / name
             ckpt.save_checkpoint(state, path)
             ckpt.link_checkpoint(path, self.run_dir / ckpt.LATEST)
-            ckpt.prune_epoch_checkpoints(self.run_dir, self.cfg.training.keep_last)
+            ckpt.prune_checkpoints(self.run_dir, self.cfg.training.keep_last)
         else:
             path = self.run_dir / ckpt.LATEST
             ckpt.save_checkpoint(state, path)
@@ -466,4 +547,12 @@ def train(cfg: TrainConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
 
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-    return Trainer(cfg, run_directory(cfg), overrides).fit()
+    trainer = Trainer(cfg, run_directory(cfg), overrides)
+    best = trainer.fit()
+    if trainer.interrupted and HydraConfig.initialized():
+        from hydra.types import RunMode
+
+        if HydraConfig.get().mode == RunMode.MULTIRUN:  # Ctrl-C stops the sweep, not just this job
+            log.warning("sweep interrupted: the remaining jobs were not started")
+            raise SystemExit(130)
+    return best

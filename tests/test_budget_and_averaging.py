@@ -1,0 +1,121 @@
+"""Time budgets, budget-aware learning-rate decay, mid-epoch validation and checkpoint averaging."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, run_cli, tiny_overrides
+from transformer_mt.checkpoint import (
+    CheckpointError,
+    average_checkpoints,
+    load_checkpoint,
+    numbered_checkpoints,
+    save_checkpoint,
+)
+from transformer_mt.config import TrainingConfig
+from transformer_mt.train import lr_lambda
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("scheduler", ["linear", "cosine"])
+def test_decay_follows_steps_or_time_whichever_is_further(scheduler: str) -> None:
+    training = TrainingConfig(scheduler=scheduler, warmup_steps=10, lr=1e-3, min_lr=1e-4)
+    used = {"fraction": 0.0}
+    factor = lr_lambda(training, total_steps=110, time_used=lambda: used["fraction"])
+    assert factor(4) == pytest.approx(0.5)  # warm-up: step 5 of 10
+    assert factor(9) == pytest.approx(1.0)
+    assert factor(59) == pytest.approx(0.55)  # half-way by steps: (1 + 0.1) / 2 either way
+    used["fraction"] = 0.75  # the clock is further along than the steps: it wins
+    shape = 0.25 if scheduler == "linear" else 0.5 * (1 + math.cos(0.75 * math.pi))
+    expected = 0.1 + 0.9 * shape
+    assert factor(59) == pytest.approx(expected)
+    used["fraction"] = 1.5  # past the budget: the floor, never below
+    assert factor(59) == pytest.approx(0.1)
+
+
+def test_noam_ignores_the_clock() -> None:
+    training = TrainingConfig(scheduler="noam", warmup_steps=100)
+    factor = lr_lambda(training, total_steps=10, time_used=lambda: 5.0)
+    assert factor(99) == pytest.approx(1.0) and factor(399) == pytest.approx(0.5)
+
+
+def _fake_checkpoint(path: Path, weight: float, d_model: int = 4) -> Path:
+    state = {"model_config": {"d_model": d_model}, "config": {}, "tokenizer": "{}", "step": int(weight),
+             "model": {"w": torch.full((2, d_model), weight), "b": torch.full((d_model,), -weight)},
+             "optimizer": {}, "scheduler": {}, "scaler": {}, "rng": {}}
+    save_checkpoint(state, path)
+    return path
+
+
+def test_average_is_the_elementwise_mean(tmp_path: Path) -> None:
+    paths = [_fake_checkpoint(tmp_path / f"step_{i:07d}.pt", float(i)) for i in (1, 2, 6)]
+    state = average_checkpoints(paths)
+    assert torch.equal(state["model"]["w"], torch.full((2, 4), 3.0))
+    assert torch.equal(state["model"]["b"], torch.full((4,), -3.0))
+    assert state["step"] == 6 and "optimizer" not in state  # newest metadata, inference only
+    mismatched = _fake_checkpoint(tmp_path / "other.pt", 1.0, d_model=8)
+    with pytest.raises(CheckpointError, match="different models"):
+        average_checkpoints([paths[0], mismatched])
+
+
+def test_average_script(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    for i in (1, 2, 3):
+        _fake_checkpoint(run / f"step_{i:07d}.pt", float(i))
+    out = tmp_path / "avg.pt"
+    done = subprocess.run([sys.executable, "scripts/average_checkpoints.py", str(run), "--last", "2",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert torch.equal(load_checkpoint(out)["model"]["w"], torch.full((2, 4), 2.5))
+    alone = subprocess.run([sys.executable, "scripts/average_checkpoints.py", str(out), "--out",
+                            str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert alone.returncode == 2 and "at least two" in alone.stderr
+
+
+def test_validation_every_n_steps_then_averaging(tmp_path: Path, corpus: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = run_cli("train", *tiny_overrides(corpus, run_dir, **{
+        "training.epochs": 3, "training.valid_every_steps": 2, "training.keep_last": 3,
+        "training.average_last": 3, "training.scheduler": "linear", "training.valid_max_sentences": 10}))
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = _records(run_dir)
+    single = [r for r in records if "model" not in r]
+    assert len(single) > 3, "expected validations inside epochs, not only at their ends"
+    assert [r["step"] for r in single] == sorted({r["step"] for r in single})  # none twice
+    kept = numbered_checkpoints(run_dir)
+    assert len(kept) == 3 and kept[-1].name == "epoch_003.pt"
+    averaged = [r for r in records if r.get("model") == "averaged"]
+    assert len(averaged) == 1
+    best = max(r["bleu"] for r in single)
+    if averaged[0]["bleu"] >= best:  # kept only when validation does not drop
+        assert (run_dir / "best.pt").samefile(run_dir / "averaged.pt")
+    else:
+        assert not (run_dir / "averaged.pt").exists()
+    log = result.stdout + result.stderr
+    assert "average of" in log
+    resumed = run_cli("train", f"resume={run_dir / 'averaged.pt'}") if (run_dir / "averaged.pt").exists() \
+        else None
+    if resumed is not None:
+        assert resumed.returncode != 0 and "averaged (inference-only)" in resumed.stderr
+
+
+def test_time_budget_stops_cleanly_with_a_checkpoint(tmp_path: Path, corpus: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = run_cli("train", *tiny_overrides(corpus, run_dir, **{
+        "training.epochs": 1000, "training.max_minutes": 0.1, "training.scheduler": "linear"}))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "time budget of 0.1 minutes reached" in result.stdout + result.stderr
+    state = load_checkpoint(run_dir / "latest.pt")
+    assert 6 <= state["train_seconds"] < 30 and state["epoch"] < 1000
+    assert state["scheduler"]["_last_lr"][0] < 2e-4  # the budget-aware decay had cooled down
