@@ -11,6 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "data" / "fra-eng.zip"
+FIXTURES = ROOT / "tests" / "fixtures"
 
 
 @pytest.fixture(scope="session")
