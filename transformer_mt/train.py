@@ -156,7 +156,8 @@ class Trainer:
 
         from torch.utils.tensorboard import SummaryWriter  # slow import, only for training
 
-        self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=self.step or None)
+        purge = self.step + 1 if self.step else None  # a resumed run redoes the steps after its checkpoint
+        self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=purge)
         log.info("run directory: %s", run_dir)
         log.info("device %s%s, %d threads; model %.2fM parameters; %s", self.device,
                  f" (amp {self.amp})" if self.amp else "", torch.get_num_threads(),
