@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from transformer_mt import checkpoint as ckpt
+from transformer_mt import sweep
 from transformer_mt.config import ConfigError, TrainConfig, TrainingConfig
 from transformer_mt.data import EncodedSplit, PreparedData, TokenBatchSampler, collate, prepare_data
 from transformer_mt.metrics import HIGHER_IS_BETTER, Scores, score
@@ -122,6 +123,7 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = run_dir
         self.overrides = overrides or []
+        self.started = time.perf_counter()
         check_writable(run_dir, cfg.training.min_free_mib)
         configure_threads(cfg.device)
         self.device = select_device(cfg.device)
@@ -153,6 +155,7 @@ class Trainer:
         self.train_seconds = 0.0
         if resume_state:
             self._restore(resume_state)
+        self.session_tokens, self.session_start_seconds = 0, self.train_seconds  # for result.json
 
         from torch.utils.tensorboard import SummaryWriter  # slow import, only for training
 
@@ -214,10 +217,33 @@ class Trainer:
                     stop_reason = f"no improvement in {t.patience} epochs"
         if stop_reason:
             log.info("stopping: %s", stop_reason)
-        self.writer.close()
+        self._report()
         log.info("best %s %.2f at epoch %s; checkpoints in %s", t.best_metric, self._best_value(),
                  self.best["epoch"], self.run_dir)
         return self._best_value()
+
+    def _report(self) -> None:
+        """result.json and the TensorBoard HParams entry: what sweeps compare runs by."""
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
+        job = hydra_cfg.job.num if hydra_cfg is not None and hydra_cfg.mode == RunMode.MULTIRUN else None
+        seconds = self.train_seconds - self.session_start_seconds
+        scores = sweep.best_scores(self.run_dir)
+        best = self.run_dir / ckpt.BEST
+        sweep.write_result(self.run_dir, {
+            "job": job, "overrides": self.overrides, "best_metric": self.best["metric"],
+            "best_value": self._best_value(), "best_epoch": self.best["epoch"],
+            "higher_is_better": HIGHER_IS_BETTER[self.best["metric"]],
+            "best_bleu": scores["bleu"], "best_chrf": scores["chrf"], "best_valid_loss": scores["valid_loss"],
+            "epochs": self.epoch, "steps": self.step,
+            "wall_seconds": time.perf_counter() - self.started, "train_seconds": self.train_seconds,
+            "tgt_tokens_per_s": self.session_tokens / seconds if seconds > 0 else math.nan,
+            "checkpoint": str((best if best.exists() else self.run_dir / ckpt.LATEST).resolve())})
+        sweep.log_hparams(self.writer, sweep.hparams(self.cfg, self.overrides, world_size=1), scores,
+                          self.step)
+        self.writer.close()
 
     def _out_of_time(self, started: float) -> bool:
         budget = self.cfg.training.max_minutes
@@ -252,6 +278,7 @@ class Trainer:
             self.bad_steps = 0
             self.batch_in_epoch = index + 1
             window_tokens += batch.n_tgt_tokens
+            self.session_tokens += batch.n_tgt_tokens
             window_loss += loss.item()
             window_batches += 1
             if self.batch_in_epoch % t.accumulate and self.batch_in_epoch < len(batches):
