@@ -1,4 +1,4 @@
-"""Sweeps: a multirun compares its jobs in one table and in TensorBoard."""
+"""Sweeps: a multirun compares its jobs in one table and in TensorBoard; Optuna and launchers compose."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli, tiny_overrides
+from transformer_mt.cli import UserError, explain_composition_error, precheck
+from transformer_mt.config import CONFIG_DIR, register_schemas
 from transformer_mt.sweep import markdown, write_summary
 
 
@@ -63,6 +65,77 @@ def test_multirun_compares_its_jobs(tmp_path: Path, corpus: Path) -> None:
     table = (sweep / "summary.md").read_text(encoding="utf-8")
     assert "| 3 | model.d_ff=128 training.lr=0.001 |" in table  # only what differs between jobs
     assert table in result.stdout  # printed too
+
+
+def test_optuna_sweep_maximises_bleu_in_three_trials(tmp_path: Path, corpus: Path) -> None:
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    result = run_cli("train", "-m", "sweep=optuna", "hydra.sweeper.n_trials=3",
+                     *_sweep_overrides(corpus, tmp_path, **{"dataset.max_pairs": 300}))
+    assert result.returncode == 0, result.stderr[-3000:]
+    sweep = _sweep_dir(tmp_path)
+    assert "Directions: ['maximize']" in result.stdout
+    best = (sweep / "optimization_results.yaml").read_text(encoding="utf-8")
+    assert "training.lr" in best and "best_value" in best
+    for job in range(3):
+        assert json.loads((sweep / str(job) / "result.json").read_text())["best_metric"] == "bleu"
+    lrs = [_hparams(sweep / str(job))["training.lr"] for job in range(3)]
+    assert all(1e-4 <= lr <= 3e-3 for lr in lrs) and len(set(lrs)) == 3  # drawn from the search space
+    assert len((sweep / "summary.csv").read_text().splitlines()) == 4
+
+
+def _compose(*overrides: str):  # noqa: ANN202 - a DictConfig
+    from hydra import compose, initialize_config_dir
+
+    from transformer_mt.cli import _register_resolvers
+
+    register_schemas()
+    _register_resolvers()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="train"):
+        return compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
+
+
+def test_slurm_launcher_composes() -> None:
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    launcher = _compose("hydra/launcher=slurm", "hydra.launcher.partition=gpu").hydra.launcher
+    assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
+    assert (launcher.partition, launcher.gpus_per_node, launcher.tasks_per_node) == ("gpu", 1, 1)
+    assert launcher.timeout_min == 240 and launcher.array_parallelism == 8
+    plain = _compose("hydra/launcher=submitit_slurm").hydra.launcher
+    assert plain._target_ == launcher._target_ and plain.gpus_per_node is None
+
+
+def test_optuna_and_joblib_configs_compose() -> None:
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    cfg = _compose("sweep=optuna", "hydra/launcher=parallel")
+    assert cfg.hydra.sweeper._target_.endswith("OptunaSweeper") and cfg.hydra.sweeper.direction == "maximize"
+    assert cfg.hydra.sweeper.params["training.lr"] == "tag(log, interval(1e-4, 3e-3))"
+    assert cfg.hydra.launcher._target_.endswith("JoblibLauncher") and cfg.hydra.launcher.n_jobs == 2
+    assert cfg.training.lr == 1e-3  # the search space lives in the sweeper, the run config is unchanged
+
+
+@pytest.mark.parametrize("overrides", [
+    ["sweep=optuna"], ["hydra/sweeper=optuna"], ["hydra/launcher=joblib"], ["hydra/launcher=parallel"],
+    ["hydra/launcher=submitit_slurm"], ["hydra/launcher=slurm", "hydra.launcher.partition=gpu"],
+    ["training.lr=tag(log, interval(1e-4, 1e-2))", "model.d_ff=choice(512, 1024)"],
+])
+def test_precheck_accepts_sweepers_launchers_and_search_spaces(overrides: list[str]) -> None:
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    precheck("train", ["-m", *overrides])
+
+
+def test_precheck_checks_both_ends_of_an_interval() -> None:
+    with pytest.raises(UserError, match="training.lr=-0.1 is out of range"):
+        precheck("train", ["-m", "training.lr=interval(-0.1, 1e-3)"])
+
+
+def test_a_missing_plugin_names_the_extra_to_install() -> None:
+    text = ("In 'hydra/config': Could not find 'hydra/launcher/submitit_slurm'\n\n"
+            "Available options in 'hydra/launcher':\n\tbasic\n")
+    assert explain_composition_error(ValueError(text)) == (
+        "hydra/launcher=submitit_slurm needs a Hydra plugin that is not installed; "
+        "install it with: pip install -e '.[slurm]'")
 
 
 def test_summary_orders_jobs_and_shows_what_differs(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import hydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import IntervalSweep
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_mt.config import (
@@ -41,7 +42,8 @@ commands:
 
 examples:
   transformer-mt train model=tiny dataset.max_pairs=3000 training.epochs=2
-  transformer-mt train -m model=tiny,small training.lr=5e-4,1e-3
+  transformer-mt train -m model=tiny,small training.lr=5e-4,1e-3   # summary.md at the sweep root
+  transformer-mt train -m sweep=optuna hydra.sweeper.n_trials=20  # Optuna search ('.[sweep]' extra)
   torchrun --nproc_per_node=2 -m transformer_mt train             # one process per GPU (DDP)
   transformer-mt translate checkpoint=saved_weights/<run> text="He is sleeping."
   echo "I am cold." | transformer-mt translate checkpoint=saved_weights/<run>
@@ -59,6 +61,10 @@ _NO_PRECHECK_FLAGS = {"--help", "-h", "--hydra-help", "--shell-completion", "-sc
                       "--version", "--info", "-i"}
 
 _MULTIRUN_FLAGS = {"-m", "--multirun"}
+# Config options that come from Hydra plugins, and the extra that installs each.
+_PLUGIN_EXTRAS = {"hydra/sweeper=optuna": "sweep", "hydra/launcher=joblib": "sweep",
+                  "hydra/launcher=parallel": "sweep", "hydra/launcher=submitit_slurm": "slurm",
+                  "hydra/launcher=submitit_local": "slurm", "hydra/launcher=slurm": "slurm"}
 
 log = logging.getLogger(__name__)
 _verbatim: dict[str, str] = {}  # free text taken out of the overrides, for translate
@@ -142,6 +148,10 @@ def explain_composition_error(ex: BaseException) -> str:
     missing = re.search(r"Could not find '([^']+)/([^']+)'", text)
     if missing:
         group, option = missing.groups()
+        extra = _PLUGIN_EXTRAS.get(f"{group}={option}")
+        if extra:
+            return (f"{group}={option} needs a Hydra plugin that is not installed; "
+                    f"install it with: pip install -e '.[{extra}]'")
         options = re.findall(r"^\t(\S+)$", text, flags=re.MULTILINE)
         allowed = f"; choose one of: {', '.join(options)}" if options else ""
         return f"{group}={option} is not a known option{allowed}"
@@ -164,14 +174,23 @@ def explain_composition_error(ex: BaseException) -> str:
                     not line.startswith(("Config search path", "\tprovider", "Set the environment")))
 
 
+def _sweep_values(override: Any) -> list[str]:
+    """The values to check of a sweep: each of a list, range or choice, the two ends of an interval."""
+    value = override.value()
+    if isinstance(value, IntervalSweep):  # Optuna's continuous ranges
+        return [str(value.start), str(value.end)]
+    return list(override.sweep_string_iterator())
+
+
 def _sweep_variants(overrides: list[str]) -> list[list[str]]:
-    """One override list per value of each sweep (a,b,c / range / choice), others at their first."""
+    """One override list per value of each sweep (a,b,c / range / choice / interval), others at their
+    first."""
     parsed = OverridesParser.create().parse_overrides(overrides)
     firsts: list[str] = []
     options: list[tuple[int, list[str]]] = []
     for i, override in enumerate(parsed):
         if override.is_sweep_override():
-            values = [f"{override.get_key_element()}={v}" for v in override.sweep_string_iterator()]
+            values = [f"{override.get_key_element()}={v}" for v in _sweep_values(override)]
             firsts.append(values[0])
             options.append((i, values))
         else:
