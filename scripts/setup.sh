@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv, install CPU PyTorch and the package (editable, with dev tools), and put the corpus in data/.
+# Create .venv, install CPU PyTorch and the package (editable, with dev tools and the Hydra sweeper and
+# launcher plugins), and put the corpus in data/.
 # Usage: bash scripts/setup.sh            (TORCH_SPEC=torch==2.5.1 or a CUDA index URL to pick another build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +13,7 @@ source .venv/bin/activate
 python -m pip install -q --upgrade pip
 # torch first and pinned: otherwise pip resolves `torch>=2.4` to a multi-GB CUDA build.
 python -m pip install -q "$TORCH_SPEC"
-python -m pip install -q -e ".[dev,ct2]"
+python -m pip install -q -e ".[dev,ct2,sweep,slurm]"
 
 # The Tatoeba corpus: copied from ../shared/data when it is there, otherwise downloaded once.
 mkdir -p data

@@ -17,6 +17,7 @@ from typing import Any
 
 import hydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import IntervalSweep
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_mt.config import (
@@ -41,7 +42,9 @@ commands:
 
 examples:
   transformer-mt train model=tiny dataset.max_pairs=3000 training.epochs=2
-  transformer-mt train -m model=tiny,small training.lr=5e-4,1e-3
+  transformer-mt train -m model=tiny,small training.lr=5e-4,1e-3   # summary.md at the sweep root
+  transformer-mt train -m sweep=optuna hydra.sweeper.n_trials=20  # Optuna search ('.[sweep]' extra)
+  torchrun --nproc_per_node=2 -m transformer_mt train             # one process per GPU (DDP)
   transformer-mt translate checkpoint=saved_weights/<run> text="He is sleeping."
   echo "I am cold." | transformer-mt translate checkpoint=saved_weights/<run>
   transformer-mt export checkpoint=saved_weights/<run> quantization=int8
@@ -56,6 +59,12 @@ _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "
 _NO_PRECHECK_FLAGS = {"--help", "-h", "--hydra-help", "--shell-completion", "-sc", "--config-dir",
                       "-cd", "--config-path", "-cp", "--config-name", "-cn", "--experimental-rerun",
                       "--version", "--info", "-i"}
+
+_MULTIRUN_FLAGS = {"-m", "--multirun"}
+# Config options that come from Hydra plugins, and the extra that installs each.
+_PLUGIN_EXTRAS = {"hydra/sweeper=optuna": "sweep", "hydra/launcher=joblib": "sweep",
+                  "hydra/launcher=parallel": "sweep", "hydra/launcher=submitit_slurm": "slurm",
+                  "hydra/launcher=submitit_local": "slurm", "hydra/launcher=slurm": "slurm"}
 
 log = logging.getLogger(__name__)
 _verbatim: dict[str, str] = {}  # free text taken out of the overrides, for translate
@@ -75,9 +84,18 @@ def _run_dir(checkpoint_dir: str | None, resume: str | None, default: str) -> st
     return default
 
 
+def _now(pattern: str) -> str:
+    """Hydra's `${now:...}` at the run's start: under torchrun rank 0's, so all ranks share a directory."""
+    from transformer_mt import distributed
+
+    return distributed.start_time().strftime(pattern)
+
+
 def _register_resolvers() -> None:
     if not OmegaConf.has_resolver("tmt_run_dir"):
         OmegaConf.register_new_resolver("tmt_run_dir", _run_dir)
+    if not OmegaConf.has_resolver("tmt_now"):
+        OmegaConf.register_new_resolver("tmt_now", _now, use_cache=True)
 
 
 def _split_flags(args: list[str]) -> tuple[list[str], list[str]]:
@@ -130,6 +148,10 @@ def explain_composition_error(ex: BaseException) -> str:
     missing = re.search(r"Could not find '([^']+)/([^']+)'", text)
     if missing:
         group, option = missing.groups()
+        extra = _PLUGIN_EXTRAS.get(f"{group}={option}")
+        if extra:
+            return (f"{group}={option} needs a Hydra plugin that is not installed; "
+                    f"install it with: pip install -e '.[{extra}]'")
         options = re.findall(r"^\t(\S+)$", text, flags=re.MULTILINE)
         allowed = f"; choose one of: {', '.join(options)}" if options else ""
         return f"{group}={option} is not a known option{allowed}"
@@ -152,14 +174,23 @@ def explain_composition_error(ex: BaseException) -> str:
                     not line.startswith(("Config search path", "\tprovider", "Set the environment")))
 
 
+def _sweep_values(override: Any) -> list[str]:
+    """The values to check of a sweep: each of a list, range or choice, the two ends of an interval."""
+    value = override.value()
+    if isinstance(value, IntervalSweep):  # Optuna's continuous ranges
+        return [str(value.start), str(value.end)]
+    return list(override.sweep_string_iterator())
+
+
 def _sweep_variants(overrides: list[str]) -> list[list[str]]:
-    """One override list per value of each sweep (a,b,c / range / choice), others at their first."""
+    """One override list per value of each sweep (a,b,c / range / choice / interval), others at their
+    first."""
     parsed = OverridesParser.create().parse_overrides(overrides)
     firsts: list[str] = []
     options: list[tuple[int, list[str]]] = []
     for i, override in enumerate(parsed):
         if override.is_sweep_override():
-            values = [f"{override.get_key_element()}={v}" for v in override.sweep_string_iterator()]
+            values = [f"{override.get_key_element()}={v}" for v in _sweep_values(override)]
             firsts.append(values[0])
             options.append((i, values))
         else:
@@ -278,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     if command == "translate":
         rest = _take_verbatim_text(rest)
     try:
+        world = _torchrun_world()
+        if world is not None:
+            _check_distributed(command, rest)
         if command == "train":
             rest = _with_resumed_overrides(rest)
         precheck(command, rest)
@@ -286,9 +320,54 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {ex}", file=sys.stderr)
         return 2
-    sys.argv = ["transformer-mt", *rest]
-    _hydra_main(command)()
+    if world is None:
+        sys.argv = ["transformer-mt", *rest]
+        _hydra_main(command)()
+        return 0
+    from transformer_mt import distributed
+
+    try:
+        sys.argv = ["transformer-mt", *_join_process_group(world, rest)]
+        _hydra_main(command)()
+    finally:
+        distributed.shutdown()
     return 0
+
+
+def _torchrun_world() -> Any:
+    """The `distributed.World` torchrun describes when it started several processes, else None.
+
+    A plain run doesn't import torch here, so `--help` and completion stay fast.
+    """
+    if os.environ.get("WORLD_SIZE", "1").strip() in ("", "1"):
+        return None
+    from transformer_mt import distributed
+
+    world = distributed.env_world()
+    return world if world.distributed else None
+
+
+def _check_distributed(command: str, args: list[str]) -> None:
+    """Under torchrun only `train` runs, and as one job: a sweep's jobs are launched by Hydra instead."""
+    if command != "train":
+        raise UserError(f"{command} runs in one process; start it without torchrun")
+    if _MULTIRUN_FLAGS & set(_split_flags(args)[0]):
+        raise UserError("torchrun runs one training job on several processes; run a sweep (-m) without "
+                        "torchrun, and its launcher starts the jobs")
+
+
+def _join_process_group(world: Any, args: list[str]) -> list[str]:
+    """Join the other ranks and take rank 0's start time; ranks > 0 leave the run directory to rank 0.
+
+    They log warnings only and don't write Hydra's `.hydra/` files into the directory they share.
+    """
+    from transformer_mt import distributed
+
+    distributed.init(world)
+    distributed.share_start_time(world)
+    if world.is_main:
+        return args
+    return [*args, "hydra.output_subdir=null", "hydra.job_logging.root.level=WARNING"]
 
 
 if __name__ == "__main__":

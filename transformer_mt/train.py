@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from transformer_mt import checkpoint as ckpt
+from transformer_mt import distributed, sweep
 from transformer_mt.config import ConfigError, TrainConfig, TrainingConfig
 from transformer_mt.data import EncodedSplit, PreparedData, TokenBatchSampler, collate, prepare_data
 from transformer_mt.metrics import HIGHER_IS_BETTER, Scores, score
@@ -133,15 +134,18 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = run_dir
         self.overrides = overrides or []
-        check_writable(run_dir, cfg.training.min_free_mib)
+        self.world = distributed.current()
+        self.started = time.perf_counter()
+        if self.world.is_main:
+            check_writable(run_dir, cfg.training.min_free_mib)
         configure_threads(cfg.device)
-        self.device = select_device(cfg.device)
+        self.device = distributed.rank_device(select_device(cfg.device), self.world)
         self.amp = amp_dtype(cfg.device, self.device)
         seed_everything(cfg.seed)
 
         resume_state = self._load_resume_state()
         vocab = Vocabulary.from_json(resume_state["tokenizer"]) if resume_state else None
-        self.data: PreparedData = prepare_data(cfg.dataset, cfg.tokenizer, run_dir, vocab=vocab)
+        self.data: PreparedData = self._prepare_data(vocab)
         self.vocab = self.data.vocab
         self.model = build_model(cfg, self.vocab).to(self.device)
         t = cfg.training
@@ -150,7 +154,7 @@ class Trainer:
                                            eps=t.eps, weight_decay=t.weight_decay, fused=fused or None)
         self.sampler = TokenBatchSampler(self.data.train.lengths(), t.batch_tokens, shuffle=True,
                                          seed=cfg.seed)
-        steps_per_epoch = math.ceil(len(self.sampler) / t.accumulate)
+        steps_per_epoch = math.ceil(self.sampler.num_batches(self.world.size) / t.accumulate)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(t, steps_per_epoch * t.epochs, self._budget_used))
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == torch.float16)
@@ -166,14 +170,33 @@ class Trainer:
         self._last_tick = time.perf_counter()
         if resume_state:
             self._restore(resume_state)
+        self.parallel = distributed.wrap(self.model, self.world, self.device)  # what training calls
+        self.session_tokens, self.session_start_seconds = 0, self.train_seconds  # for result.json
 
         from torch.utils.tensorboard import SummaryWriter  # slow import, only for training
 
-        self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=self.step or None)
+        purge = self.step + 1 if self.step else None  # a resumed run redoes the steps after its checkpoint
+        self.writer = (SummaryWriter(str(run_dir / "tensorboard"), purge_step=purge)
+                       if self.world.is_main else None)
         log.info("run directory: %s", run_dir)
-        log.info("device %s%s, %d threads; model %.2fM parameters; %s", self.device,
+        log.info("device %s%s, %d threads%s; model %.2fM parameters; %s", self.device,
                  f" (amp {self.amp})" if self.amp else "", torch.get_num_threads(),
+                 f", {self.world.size} processes (DDP)" if self.world.distributed else "",
                  self.model.num_parameters() / 1e6, self.data.summary())
+
+    def _prepare_data(self, vocab: Vocabulary | None) -> PreparedData:
+        """Rank 0 trains the tokenizer and writes the split; the other ranks then encode with its tokenizer.
+
+        Sharing the tokenizer's JSON rather than a file keeps ranks on other machines in step without
+        a shared disk, and only rank 0 writes into the run directory.
+        """
+        cfg = self.cfg
+        if self.world.is_main:
+            data = prepare_data(cfg.dataset, cfg.tokenizer, self.run_dir, vocab=vocab)
+            distributed.from_main(data.vocab.to_json(), self.world)
+            return data
+        tokenizer = distributed.from_main("", self.world)
+        return prepare_data(cfg.dataset, cfg.tokenizer, None, vocab=Vocabulary.from_json(tokenizer))
 
     # -- resume ---------------------------------------------------------------------------------
     def _load_resume_state(self) -> dict[str, Any] | None:
@@ -197,6 +220,12 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
+        saved_world = state.get("world_size", 1)  # checkpoints from before DDP: one process
+        if state["batch_in_epoch"] and saved_world != self.world.size:
+            raise ckpt.CheckpointError(
+                f"cannot resume mid-epoch with {self.world.size} processes: the checkpoint was written by "
+                f"{saved_world}, which dealt the epoch's batches differently; resume with {saved_world} "
+                "processes, or from an epoch checkpoint (epoch_NNN.pt)")
         self.epoch, self.batch_in_epoch, self.step = state["epoch"], state["batch_in_epoch"], state["step"]
         self.best, self.bad_epochs = state["best"], state["bad_epochs"]
         self.train_seconds = state["train_seconds"]
@@ -223,9 +252,9 @@ class Trainer:
                     stop_reason = self._validate_and_save() or stop_reason
         if stop_reason:
             log.info("stopping: %s", stop_reason)
-        if t.average_last >= 2:
+        if t.average_last >= 2 and self.world.is_main:
             self._average_last(t.average_last)
-        self.writer.close()
+        self._report()
         log.info("best %s %.2f at epoch %s, step %s; checkpoints in %s", t.best_metric,
                  self._best_value(), self.best["epoch"], self.best.get("step"), self.run_dir)
         return self._best_value()
@@ -236,6 +265,41 @@ class Trainer:
         self.train_seconds += now - self._last_tick
         self._last_tick = now
 
+    def _validate_on_main(self) -> bool:
+        """Rank 0 validates as the others wait; then every rank knows the best so far (for patience)."""
+        improved = False
+        if self.world.is_main:
+            improved = self._update_best(*self.validate())
+        improved, self.best, self.bad_epochs = distributed.from_main(
+            (improved, self.best, self.bad_epochs), self.world)
+        return improved
+
+    def _report(self) -> None:
+        """result.json and the TensorBoard HParams entry: what sweeps compare runs by."""
+        tokens, = distributed.all_sum([self.session_tokens], self.world)
+        if not self.world.is_main:
+            return
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
+        job = hydra_cfg.job.num if hydra_cfg is not None and hydra_cfg.mode == RunMode.MULTIRUN else None
+        seconds = self.train_seconds - self.session_start_seconds
+        scores = sweep.best_scores(self.run_dir)
+        best = self.run_dir / ckpt.BEST
+        sweep.write_result(self.run_dir, {
+            "job": job, "overrides": self.overrides, "best_metric": self.best["metric"],
+            "best_value": self._best_value(), "best_epoch": self.best["epoch"],
+            "higher_is_better": HIGHER_IS_BETTER[self.best["metric"]],
+            "best_bleu": scores["bleu"], "best_chrf": scores["chrf"], "best_valid_loss": scores["valid_loss"],
+            "epochs": self.epoch, "steps": self.step, "world_size": self.world.size,
+            "wall_seconds": time.perf_counter() - self.started, "train_seconds": self.train_seconds,
+            "tgt_tokens_per_s": tokens / seconds if seconds > 0 else math.nan,
+            "checkpoint": str((best if best.exists() else self.run_dir / ckpt.LATEST).resolve())})
+        sweep.log_hparams(self.writer, sweep.hparams(self.cfg, self.overrides, self.world.size), scores,
+                          self.step)
+        self.writer.close()
+
     def _budget_used(self) -> float:
         """The fraction of `max_minutes` spent (0 without a budget): drives budget-aware decays."""
         budget = self.cfg.training.max_minutes
@@ -245,8 +309,7 @@ class Trainer:
         """Validate, update best, keep a checkpoint (epoch_NNN.pt at the end of an epoch, else
         step_NNNNNNN.pt); a reason to stop, or '' to go on."""
         t = self.cfg.training
-        scores, valid_loss = self.validate()
-        improved = self._update_best(scores, valid_loss)
+        improved = self._validate_on_main()
         end_of_epoch = self.batch_in_epoch == self._epoch_batches
         if end_of_epoch:
             self.epoch += 1
@@ -254,6 +317,7 @@ class Trainer:
         self._tick()
         self._save(tag="epoch" if end_of_epoch else "step", improved=improved)
         self._tick()
+        self.train_seconds = distributed.from_main(self.train_seconds, self.world)  # same stop everywhere
         if t.patience and self.bad_epochs >= t.patience:
             return f"no improvement in {t.patience} validations"
         if self._budget_used() >= 1:
@@ -267,23 +331,31 @@ class Trainer:
         step was already validated and saved (by `valid_every_steps`), so the caller need not repeat it.
         """
         t = self.cfg.training
-        batches = self.sampler.batches(self.epoch)
+        batches = self.sampler.batches(self.epoch, self.world.rank, self.world.size)
         self._epoch_batches = len(batches)
         train = self.data.train
+        # Each optimizer step's loss is normalised by the target tokens of its whole batch: all its
+        # micro-batches on all ranks. Accumulating or adding processes then changes no gradient.
+        every_rank = self.sampler.batches(self.epoch)[:len(batches) * self.world.size]
+        step_tokens = distributed.step_tokens(every_rank, train.tgt_lens, t.accumulate * self.world.size)
         self.model.train()
         self._validated_at_step = False
         window_tokens, window_start, window_loss, window_batches = 0, time.perf_counter(), 0.0, 0
         bar = tqdm(total=len(batches), initial=self.batch_in_epoch, desc=f"epoch {self.epoch + 1}",
-                   disable=not t.progress, dynamic_ncols=True, leave=False)
+                   disable=not t.progress or not self.world.is_main, dynamic_ncols=True, leave=False)
         for index in range(self.batch_in_epoch, len(batches)):
             batch = collate(*train.select(batches[index]), PAD_ID).to(self.device)
+            ends_step = (index + 1) % t.accumulate == 0 or index + 1 == len(batches)
+            distributed.set_grad_sync(self.parallel, ends_step)  # DDP: all-reduce once per step
             try:
                 loss = self._loss(batch)
-                if not torch.isfinite(loss):
+                # Under DDP every rank must run backward; a non-finite loss then shows in the gradient.
+                if not torch.isfinite(loss) and not self.world.distributed:
                     self._skip_bad_step(loss, index)
                     self.batch_in_epoch = index + 1
                     continue
-                self.scaler.scale(loss / t.accumulate).backward()
+                weight = batch.n_tgt_tokens * self.world.size / step_tokens[index // t.accumulate]
+                self.scaler.scale(loss * weight).backward()  # DDP then averages over the ranks
             except torch.OutOfMemoryError as ex:
                 self.optimizer.zero_grad(set_to_none=True)
                 raise TrainingError(
@@ -295,15 +367,22 @@ class Trainer:
             self.batch_in_epoch = index + 1
             self._validated_at_step = False
             window_tokens += batch.n_tgt_tokens
+            self.session_tokens += batch.n_tgt_tokens
             window_loss += loss.item()
             window_batches += 1
             if self.batch_in_epoch % t.accumulate and self.batch_in_epoch < len(batches):
                 continue
-            grad_norm = self._optimizer_step()
             self._tick()
+            if self.world.distributed:  # ranks agree on the clock (it sets the lr) and on stopping
+                flag, self.train_seconds = distributed.all_max(
+                    [float(interrupt.requested), self.train_seconds], self.world)
+                interrupt.requested = flag > 0
+            grad_norm = self._optimizer_step()
             bar.update(self.batch_in_epoch - bar.n)
             if self.step % t.log_every == 0 or self.batch_in_epoch == len(batches):
                 elapsed = time.perf_counter() - window_start
+                window_loss, window_batches, window_tokens = distributed.all_sum(
+                    [window_loss, window_batches, window_tokens], self.world)
                 self._log_train(window_loss / window_batches, grad_norm, window_tokens / elapsed)
                 bar.set_postfix(loss=f"{window_loss / window_batches:.3f}",
                                 lr=f"{self.scheduler.get_last_lr()[0]:.2e}",
@@ -348,7 +427,7 @@ class Trainer:
     def _loss(self, batch: Any) -> torch.Tensor:
         """Label-smoothed cross-entropy per target token, padding ignored."""
         with autocast(self.device, self.amp):
-            logits = self.model(batch.src, batch.tgt_in)  # (B, T, V)
+            logits = self.parallel(batch.src, batch.tgt_in)  # (B, T, V)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
                                ignore_index=PAD_ID, label_smoothing=self.cfg.training.label_smoothing,
                                reduction="sum")
@@ -487,6 +566,8 @@ class Trainer:
 
     # -- checkpoints and logs -------------------------------------------------------------------
     def _save(self, tag: str, improved: bool = False) -> None:
+        if not self.world.is_main:
+            return
         state = {
             "model_config": dataclasses.asdict(self.model.config),
             "config": OmegaConf.to_container(OmegaConf.structured(self.cfg), resolve=True),
@@ -502,6 +583,7 @@ class Trainer:
             "best": self.best,
             "bad_epochs": self.bad_epochs,
             "train_seconds": self.train_seconds,
+            "world_size": self.world.size,
             "rng": rng_state(),
         }
         if tag in ("epoch", "step"):  # numbered: kept (keep_last of them) and averaged at the end
@@ -520,13 +602,15 @@ class Trainer:
 
     def _log_train(self, loss: float, grad_norm: float, tokens_per_s: float) -> None:
         w = self.writer
+        if w is None:  # not rank 0
+            return
         w.add_scalar("train/loss", loss, self.step)
         w.add_scalar("train/lr", self.scheduler.get_last_lr()[0], self.step)
         w.add_scalar("train/grad_norm", grad_norm, self.step)
         w.add_scalar("train/tgt_tokens_per_s", tokens_per_s, self.step)
 
     def _log_config_once(self) -> None:
-        if self.step == 0:
+        if self.step == 0 and self.writer is not None:
             text = OmegaConf.to_yaml(OmegaConf.structured(self.cfg))
             self.writer.add_text("config", f"```\n{text}\n```", 0)
 
