@@ -201,21 +201,28 @@ def decoding_speeds(checkpoint: Path, n: int) -> dict[str, float]:
 
 
 def ct2_speeds(checkpoint: Path, sources: list[str], refs: list[str], beam5_bleu: float) -> dict:
-    """CTranslate2 int8 beam 5, when the `ct2` extra is installed."""
+    """CTranslate2 beam 5 in int8 and float32, exact (PyTorch-identical search) and fast, when the
+    `ct2` extra is installed. The contract's `ct2_int8_beam5_sent_s` is int8 with `ct2_exact=false`."""
     try:
         import ctranslate2  # noqa: F401
 
         from transformer_mt.export import CT2Translator, export_ctranslate2
     except ImportError:
         return {"ct2_int8_beam5_sent_s": None, "ct2_bleu_delta": None}
+    results: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = export_ctranslate2(checkpoint, Path(tmp) / "ct2", quantization="int8")
-        engine = CT2Translator.from_dir(model_dir)
-        engine.translate(sources[:8], beam_size=5)
-        start = time.perf_counter()
-        hyps = engine.translate(sources, beam_size=5)
-        sent_s = len(sources) / (time.perf_counter() - start)
-    return {"ct2_int8_beam5_sent_s": sent_s, "ct2_bleu_delta": score(hyps, refs).bleu - beam5_bleu}
+        for quantization in ("int8", "float32"):
+            model_dir = export_ctranslate2(checkpoint, Path(tmp) / quantization, quantization=quantization)
+            for exact in (False, True):
+                engine = CT2Translator.from_dir(model_dir, exact=exact)
+                engine.translate(sources[:8], beam_size=5)
+                start = time.perf_counter()
+                hyps = engine.translate(sources, beam_size=5)
+                name = f"ct2_{quantization}_beam5{'_exact' if exact else ''}"
+                results[f"{name}_sent_s"] = len(sources) / (time.perf_counter() - start)
+                results[f"{name}_bleu_delta"] = score(hyps, refs).bleu - beam5_bleu
+    results["ct2_bleu_delta"] = results["ct2_int8_beam5_bleu_delta"]
+    return results
 
 
 # -- memory (child processes, so each peak is its own) ----------------------------------------------
@@ -353,8 +360,10 @@ def markdown(r: dict) -> str:
         ("greedy without cache (sentences/s)", fmt(r.get("greedy_nocache_sent_s"), ".1f")),
         ("greedy with cache (sentences/s)", fmt(r.get("greedy_cache_sent_s"), ".1f")),
         ("beam 5 (sentences/s)", fmt(r.get("beam5_sent_s"), ".1f")),
-        ("CTranslate2 int8 beam 5 (sentences/s) / BLEU delta",
-         f"{fmt(r.get('ct2_int8_beam5_sent_s'), '.1f')} / {fmt(r.get('ct2_bleu_delta'), '+.2f')}"),
+        *[(f"CTranslate2 {q} beam 5{', exact' if exact else ''} (sentences/s) / BLEU delta to ours",
+           f"{fmt(r.get(f'ct2_{q}_beam5{x}_sent_s'), '.1f')} / "
+           f"{fmt(r.get(f'ct2_{q}_beam5{x}_bleu_delta'), '+.2f')}")
+          for q in ("int8", "float32") for exact, x in ((False, ""), (True, "_exact"))],
         ("peak RSS train / translate (MiB)",
          f"{fmt(r['peak_rss_train_mib'], '.0f')} / {fmt(r['peak_rss_translate_mib'], '.0f')}"),
     ]

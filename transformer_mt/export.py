@@ -274,8 +274,9 @@ class CT2Translator(TextTranslator):
 
     def __init__(self, translator: Any, vocab: Vocabulary, meta: dict[str, Any],
                  decoding: DecodingConfig | None = None, max_input_tokens: int | None = None,
-                 info: dict[str, Any] | None = None):
+                 info: dict[str, Any] | None = None, exact: bool = True):
         self.translator = translator
+        self.exact = exact
         self.vocab = vocab
         self.meta = meta
         self.max_positions = int(meta["model_config"]["max_positions"])
@@ -292,8 +293,13 @@ class CT2Translator(TextTranslator):
     def from_dir(cls, model_dir: str | Path, device: str = "cpu", compute_type: str = "default",
                  inter_threads: int = 1, intra_threads: int = 0,
                  decoding: DecodingConfig | None = None,
-                 max_input_tokens: int | None = None) -> CT2Translator:
-        """Load an `export_ctranslate2` directory (device: cpu | cuda | auto)."""
+                 max_input_tokens: int | None = None, exact: bool = True) -> CT2Translator:
+        """Load an `export_ctranslate2` directory (device: cpu | cuda | auto).
+
+        exact=True reproduces PyTorch search (module notes); exact=False trades that for speed: one
+        request for all sentences (larger batches), <pad>/<bos> masked up front, the longest
+        sentence's length limit for all, and no re-scoring of hypotheses cut at the limit.
+        """
         ct2 = _ctranslate2()
         path = Path(model_dir).expanduser()
         if not (path / META_FILE).is_file() or not ct2.contains_model(str(path)):
@@ -309,7 +315,7 @@ class CT2Translator(TextTranslator):
         info = {"model_dir": str(path), "checkpoint": meta.get("checkpoint"), "epoch": meta.get("epoch"),
                 "step": meta.get("step"), "quantization": meta.get("quantization"),
                 "compute_type": translator.compute_type, "device": translator.device}
-        return cls(translator, vocab, meta, decoding, max_input_tokens, info)
+        return cls(translator, vocab, meta, decoding, max_input_tokens, info, exact)
 
     def max_length(self, n_src: int, decoding: DecodingConfig) -> int:
         """Output tokens allowed (without <eos>) for n_src source tokens, as in PyTorch search."""
@@ -369,6 +375,18 @@ class CT2Translator(TextTranslator):
         return {i: (res.result(), exponent)
                 for members, found, exponent in pending for i, res in zip(members, found)}
 
+    def _search_fast(self, sources: dict[int, list[str]], decoding: DecodingConfig,
+                     return_attention: bool) -> dict[int, tuple[Any, float]]:
+        """exact=False: one request, so CTranslate2 forms the largest batches it can."""
+        order = list(sources)
+        lengths = sorted(len(sources[i]) - 1 for i in order)
+        request = self._request(decoding, lengths[-1], return_attention, suppress=True)
+        if not decoding.sampling and decoding.beam_size > 1:  # the exponent at the typical length
+            request["length_penalty"] = self.ct2_length_penalty(decoding.length_penalty,
+                                                                lengths[len(lengths) // 2])
+        found = self.translator.translate_batch([sources[i][:-1] for i in order], **request)
+        return {i: (res, request["length_penalty"]) for i, res in zip(order, found)}
+
     def translate_nbest(self, sentences: list[str], return_attention: bool = False,
                         **options: Any) -> list[list[Translation]]:
         """n-best translations per sentence (best first); empty input gives one empty translation."""
@@ -384,12 +402,15 @@ class CT2Translator(TextTranslator):
         # renormalises its log-softmax over the other tokens, which shifts scores and can re-rank
         # beams; so search unmasked first (exactly our scores) and only redo, masked, the sentences
         # where one of them came out.
-        found = self._search(sources, decoding, return_attention, suppress=False)
-        banned = {t[0] for t in self._banned}
-        redo = {i: sources[i] for i, (res, _) in found.items()
-                if any(banned.intersection(h) for h in res.hypotheses)}
-        if redo:
-            found.update(self._search(redo, decoding, return_attention, suppress=True))
+        if self.exact:
+            found = self._search(sources, decoding, return_attention, suppress=False)
+            banned = {t[0] for t in self._banned}
+            redo = {i: sources[i] for i, (res, _) in found.items()
+                    if any(banned.intersection(h) for h in res.hypotheses)}
+            if redo:
+                found.update(self._search(redo, decoding, return_attention, suppress=True))
+        else:
+            found = self._search_fast(sources, decoding, return_attention)
 
         beam = not decoding.sampling and decoding.beam_size > 1
         capped: list[tuple[list[str], list[str], list[Any]]] = []  # (source, tokens, hypothesis)
@@ -407,7 +428,7 @@ class CT2Translator(TextTranslator):
                     attn = torch.tensor(res.attention[k], dtype=torch.float32)[:, : len(sources[i]) - 1]
                     attn = torch.cat((attn, (1 - attn.sum(1, keepdim=True)).clamp(min=0)), dim=1)
                 hyp = [out, raw, attn]
-                if not ended:
+                if not ended and self.exact:
                     capped.append((sources[i][:-1], out, hyp))
                 hyps.append(hyp)
             collected[i] = hyps

@@ -236,9 +236,7 @@ def beam_search(
     with torch.inference_mode():
         device = src.device
         B = src.size(0)
-        memory, src_pad = model.encode(src)  # encoder runs once per sentence ...
-        memory = memory.repeat_interleave(K, dim=0)  # ... then is shared by its K beams
-        src_pad = src_pad.repeat_interleave(K, dim=0)  # (A*K, S)
+        memory, src_pad = model.encode(src)  # encoder runs once per sentence, (B, S, d) ...
         max_len = _max_lengths(model, src, max_len_a, max_len_b)  # (A,)
         max_len_list = max_len.tolist()
         cache = model.new_cache()
@@ -253,8 +251,19 @@ def beam_search(
         t = 0
         while sent_ids:
             A = len(sent_ids)
-            logits, attn = _decode_step(model, prefix[:, -1:], memory, src_pad, cache,
-                                        return_attention)
+            if t == 0:
+                # The K beams of a sentence are identical before the first token: decode one row
+                # per sentence (cross-attention K/V included), then give each of its beams a copy.
+                logits, attn = _decode_step(model, prefix[::K, -1:], memory, src_pad, cache,
+                                            return_attention)
+                expand = torch.arange(B, device=device).repeat_interleave(K)  # (B*K,)
+                logits = logits[expand]
+                attn = attn[expand] if attn is not None else None
+                memory, src_pad = memory[expand], src_pad[expand]  # ... shared by its K beams
+                cache.reorder(expand)
+            else:
+                logits, attn = _decode_step(model, prefix[:, -1:], memory, src_pad, cache,
+                                            return_attention)
             logp = _step_log_probs(logits, bos_id, eos_id, pad_id)  # (A*K, V)
             V = logp.size(-1)
             at_max = torch.tensor([t >= m for m in max_len_list], device=device)  # (A,)

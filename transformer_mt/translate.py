@@ -113,7 +113,7 @@ def ct2_engine(cfg: TranslateConfig) -> Any:
 
     return CT2Translator.from_dir(cfg.model_dir, device=cfg.device.name,
                                   intra_threads=cfg.device.num_threads or 0, decoding=cfg.decoding,
-                                  max_input_tokens=cfg.max_input_tokens)
+                                  max_input_tokens=cfg.max_input_tokens, exact=cfg.ct2_exact)
 
 
 def translate(cfg: TranslateConfig) -> None:
