@@ -495,7 +495,8 @@ class Trainer:
         samples = "\n\n".join(f"    {valid.src_text[i]}\n    → {texts[i]}\n    ({valid.tgt_text[i]})"
                               for i in range(min(t.num_samples, n)))
         w.add_text(f"{tag}/samples", samples, step)
-        self._log_attention(valid.src_ids[0], step)
+        if not label:  # a variant's attention image would overwrite the checkpoint's own at this step
+            self._log_attention(valid.src_ids[0], step)
         w.flush()
         log.info("epoch %d %s: loss %.3f, BLEU %.2f, chrF %.2f, CER %.3f, WER %.3f (%d sentences, "
                  "%.1fs)", self.epoch + 1, tag.replace("_", " "), valid_loss, scores.bleu, scores.chrf,
