@@ -1,10 +1,12 @@
 """Decoding speed on one checkpoint and one set of test sentences, measured in one run.
 
-    python scripts/benchmark_decoding.py saved_weights/<run> [--sentences 1000] [--out decoding.json]
+    python scripts/benchmark_decoding.py saved_weights/<run> [--sentences 1000] [--rounds 3] [--out decoding.json]
 
 Compares uncached greedy (the whole prefix recomputed every step, as the classic tutorials do),
 cached greedy and cached beam 5 on the run's own test split, and reports sentences/s, tokens/s,
 BLEU and the ratios the project targets (cached ≥ 3× uncached; beam 5 ≤ 3× the cost of greedy).
+Each figure is the best of a few interleaved rounds, so that a busy neighbour on a shared machine
+does not decide a ratio.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -22,20 +24,27 @@ from transformer_mt.data import load_split_tsv
 from transformer_mt.metrics import score
 from transformer_mt.translator import Translator
 
-from benchmark import load_warning, machine  # scripts/ is on sys.path when run as a script
+from benchmark import best_of_rounds, load_warning, machine  # scripts/ is on sys.path when run as a script
 
 
-def run(engine: Translator, sources: list[str], refs: list[str], decoding: DecodingConfig) -> dict:
-    """Translate all sources with one decoding setting and time it."""
-    engine.decoding = decoding
+def measure(engine: Translator, sources: list[str], refs: list[str],
+            settings: dict[str, DecodingConfig], rounds: int) -> dict[str, dict]:
+    """Translate all sources with each decoding setting; best time of `rounds` interleaved rounds."""
+    def runner(decoding: DecodingConfig) -> Callable[[], list[str]]:
+        def run() -> list[str]:
+            engine.decoding = decoding
+            return engine.translate(sources)
+        return run
+
     engine.translate(sources[:8])  # warm-up: allocator, thread pool
-    started = time.perf_counter()
-    hyps = engine.translate(sources)
-    seconds = time.perf_counter() - started
-    tokens = sum(len(t) for t in engine.vocab.encode_tgt(hyps))
-    scores = score(hyps, refs)
-    return {"seconds": seconds, "sent_s": len(sources) / seconds, "tok_s": tokens / seconds,
-            "bleu": scores.bleu, "chrf": scores.chrf}
+    results = {}
+    for name, (seconds, hyps) in best_of_rounds({n: runner(d) for n, d in settings.items()},
+                                                rounds).items():
+        tokens = sum(len(t) for t in engine.vocab.encode_tgt(hyps))
+        scores = score(hyps, refs)
+        results[name] = {"seconds": seconds, "sent_s": len(sources) / seconds,
+                         "tok_s": tokens / seconds, "bleu": scores.bleu, "chrf": scores.chrf}
+    return results
 
 
 def main() -> None:
@@ -43,6 +52,7 @@ def main() -> None:
     parser.add_argument("checkpoint", help="checkpoint file or run directory")
     parser.add_argument("--sentences", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--rounds", type=int, default=3, help="best of this many interleaved rounds")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if args.threads:
@@ -55,21 +65,21 @@ def main() -> None:
     if warning:
         print(f"warning: {warning}")
     base = DecodingConfig(beam_size=1, n_best=1)
-    results = {
-        "greedy_nocache": run(engine, sources, refs, dataclasses.replace(base, use_cache=False)),
-        "greedy_cache": run(engine, sources, refs, base),
-        "beam5": run(engine, sources, refs, dataclasses.replace(base, beam_size=5)),
-    }
+    settings = {"greedy_nocache": dataclasses.replace(base, use_cache=False), "greedy_cache": base,
+                "beam5": dataclasses.replace(base, beam_size=5)}
+    results = measure(engine, sources, refs, settings, args.rounds)
     summary = {
         "machine": machine(),
         "checkpoint": engine.info["checkpoint"],
         "sentences": len(sources),
+        "rounds": args.rounds,
         **{f"{name}_{k}": v for name, r in results.items() for k, v in r.items()},
         "cache_speedup": results["greedy_cache"]["sent_s"] / results["greedy_nocache"]["sent_s"],
         "beam5_cost_vs_greedy": results["greedy_cache"]["sent_s"] / results["beam5"]["sent_s"],
         "warning": warning,
     }
-    print(f"machine: {summary['machine']}; {len(sources)} test sentences from {split}")
+    print(f"machine: {summary['machine']}; {len(sources)} test sentences from {split}; "
+          f"best of {args.rounds} interleaved rounds")
     print("| decoding | sentences/s | tokens/s | BLEU | chrF |")
     print("|---|---:|---:|---:|---:|")
     for name, r in results.items():

@@ -297,6 +297,49 @@ def test_cache_reorder_selects_batch_rows() -> None:
     assert torch.allclose(rest, full[:, 2:], **TOL)
 
 
+def test_beams_share_one_row_of_memory_and_cross_attention() -> None:
+    """G decoder rows per sentence over one memory row (beam search) equal G copies of memory."""
+    model = tiny_model(seed=6)
+    src = padded_batch([5, 3], seed=7)
+    tgt = padded_batch([4, 4, 4, 4, 4, 4], seed=8, first=BOS)  # 3 beams per sentence
+    copies = torch.tensor([0, 0, 0, 1, 1, 1])
+    with torch.no_grad():
+        memory, src_pad = model.encode(src)
+        full, full_attn = model.decode(tgt, memory[copies], src_pad[copies], need_attention=True)
+        cache = model.new_cache()
+        cache.beams = 3
+        shared = [model.decode(tgt[:, t:t + 1], memory, src_pad, cache, need_attention=True)
+                  for t in range(4)]
+        # reordering beams within sentences keeps the cross-attention rows as they are
+        perm = torch.tensor([2, 0, 0, 4, 5, 3])
+        cache_p, ref_p = model.new_cache(), model.new_cache()
+        cache_p.beams = 3
+        model.decode(tgt[:, :2], memory, src_pad, cache_p)
+        model.decode(tgt[:, :2], memory[copies], src_pad[copies], ref_p)
+        cache_p.reorder(perm)
+        ref_p.reorder(perm)
+        rest = model.decode(tgt[perm, 2:], memory, src_pad, cache_p)
+        expected = model.decode(tgt[perm, 2:], memory[copies], src_pad[copies], ref_p)
+    assert torch.allclose(torch.cat([s[0] for s in shared], 1), full, **TOL)
+    assert torch.allclose(torch.cat([s[1] for s in shared], 1), full_attn, **TOL)
+    assert torch.allclose(rest, expected, **TOL)
+
+
+def test_inference_projection_follows_weight_updates() -> None:
+    """The cached transposed output weight of CPU inference is rebuilt when the weight changes."""
+    model = tiny_model(seed=11).eval()
+    src = padded_batch([5, 3], seed=12)
+    tgt = padded_batch([4, 2], seed=13, first=BOS)
+    with torch.no_grad():
+        before = model(src, tgt)
+        model.output_projection.weight.mul_(0.5)  # an optimizer step, a loaded state dict...
+        after = model(src, tgt)
+    with torch.enable_grad():
+        reference = model(src, tgt)  # the plain nn.Linear path
+    assert not torch.allclose(before, after)
+    assert torch.allclose(after, reference, **TOL)
+
+
 def test_padding_invariance() -> None:
     model = tiny_model(seed=7)
     src = padded_batch([8, 5, 3], seed=9)

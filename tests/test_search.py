@@ -153,8 +153,8 @@ class TableModel(nn.Module):
         return logits
 
     def new_cache(self):
-        cache = SimpleNamespace(length=0)
-        cache.reorder = lambda index, include_cross=True: None
+        cache = SimpleNamespace(length=0, beams=1)
+        cache.reorder = lambda index, cross_index=None: None
         return cache
 
 

@@ -236,7 +236,7 @@ def beam_search(
     with torch.inference_mode():
         device = src.device
         B = src.size(0)
-        memory, src_pad = model.encode(src)  # encoder runs once per sentence, (B, S, d) ...
+        memory, src_pad = model.encode(src)  # once per sentence: (A, S, d), (A, S)
         max_len = _max_lengths(model, src, max_len_a, max_len_b)  # (A,)
         max_len_list = max_len.tolist()
         cache = model.new_cache()
@@ -253,13 +253,14 @@ def beam_search(
             A = len(sent_ids)
             if t == 0:
                 # The K beams of a sentence are identical before the first token: decode one row
-                # per sentence (cross-attention K/V included), then give each of its beams a copy.
+                # per sentence, then give each of its beams a copy of the self-attention state.
+                # Memory and cross-attention K/V keep one row per sentence, shared by its beams.
                 logits, attn = _decode_step(model, prefix[::K, -1:], memory, src_pad, cache,
                                             return_attention)
                 expand = torch.arange(B, device=device).repeat_interleave(K)  # (B*K,)
                 logits = logits[expand]
                 attn = attn[expand] if attn is not None else None
-                memory, src_pad = memory[expand], src_pad[expand]  # ... shared by its K beams
+                cache.beams = K
                 cache.reorder(expand)
             else:
                 logits, attn = _decode_step(model, prefix[:, -1:], memory, src_pad, cache,
@@ -292,7 +293,7 @@ def beam_search(
                     row = int(top_row[a, r])
                     hist_attn = None
                     if attn_hist is not None:
-                        hist_attn = _src_attention(attn_hist[row], src_pad[row])
+                        hist_attn = _src_attention(attn_hist[row], src_pad[a])
                     finished[sent_ids[a]].append(Hypothesis(
                         tokens=prefix[row, 1:].tolist(),
                         score=float(top_scores[a, r]) / lp,
@@ -337,12 +338,11 @@ def beam_search(
                 scores, toks = scores[keep_t], toks[keep_t]
                 sent_ids = [sent_ids[a] for a in keep]
                 max_len_list = [max_len_list[a] for a in keep]
-                # Memory rows of a sentence are identical, so `flat` selects the right ones.
-                memory, src_pad = memory[flat], src_pad[flat]
-                cache.reorder(flat)
+                memory, src_pad = memory[keep_t], src_pad[keep_t]
+                cache.reorder(flat, cross_index=keep_t)
             else:
-                # Beams only move within their sentence: cross-attention K/V stay valid.
-                cache.reorder(flat, include_cross=False)
+                # Beams only move within their sentence: cross-attention K/V stay as they are.
+                cache.reorder(flat)
             prefix = torch.cat((prefix[flat], toks.reshape(-1, 1)), dim=1)
             if attn_hist is not None:
                 attn_hist = attn_hist[flat]
