@@ -4,12 +4,13 @@
 
 Measures, on the same real Tatoeba token batches and the same dimensions (the `small` model):
 - training throughput (forward + backward + AdamW step) of our model and of `torch.nn.Transformer`,
-  and our utilisation of a matmul peak measured here;
+  with default dropout and with none, and our utilisation of a matmul peak measured here;
 - padding of our length-bucketed token batches against fixed-size random sentence batches;
 - the whole `train` loop (data, logging, validation, checkpointing) against pure compute;
 - decoding speed of uncached greedy, cached greedy and beam 5 (and CTranslate2 when installed);
 - peak resident memory of training and of translation (each in a child process).
-Figures are only meaningful on an idle machine: the script warns when the load says otherwise.
+Figures are only meaningful on an idle machine: the script warns when the load says otherwise,
+and takes the best of a few interleaved rounds (--rounds) against short disturbances.
 """
 
 from __future__ import annotations
@@ -310,8 +311,9 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, default=None, help="for decoding (default: newest)")
     parser.add_argument("--out", type=Path, default=Path("benchmark.json"))
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="decoding: best of this many interleaved rounds (1 with --quick)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="training and decoding: best of this many interleaved rounds "
+                             "(1 with --quick)")
     parser.add_argument("--child", choices=["train", "translate"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:
@@ -333,9 +335,25 @@ def main() -> None:
     model_cfg = _model_config(cfg.model, data)
     peak = matmul_peak_gflops()
 
-    ours_s, tokens = time_training(Transformer(model_cfg), batches)
-    torch.manual_seed(0)
-    ref_s, _ = time_training(TorchReference(model_cfg), batches)
+    # Our defaults (dropout on sub-layer outputs and embeddings only) against nn.Transformer with
+    # the one dropout it has (which it also applies to attention and the FFN inner layer), and
+    # both with dropout off: pure compute. Best of interleaved rounds, as for decoding.
+    no_dropout = dataclasses.replace(model_cfg, dropout=0.0, attention_dropout=0.0,
+                                     activation_dropout=0.0)
+    settings = [("ours", Transformer, model_cfg), ("ref", TorchReference, model_cfg)]
+    if not args.quick:
+        settings += [("ours_nodrop", Transformer, no_dropout), ("ref_nodrop", TorchReference, no_dropout)]
+    models = {}
+    for name, cls, c in settings:
+        torch.manual_seed(0)
+        models[name] = cls(c)
+    train_rounds = 1 if args.quick else args.rounds
+    seconds = {name: math.inf for name in models}
+    for _ in range(train_rounds):
+        for name, model in models.items():
+            elapsed, tokens = time_training(model, batches)
+            seconds[name] = min(seconds[name], elapsed)
+    ours_s, ref_s = seconds["ours"], seconds["ref"]
     flops = 3 * sum(forward_flops(model_cfg, *b.src.shape[:1], b.src.size(1), b.tgt_in.size(1))
                     for b in batches)
     src_tokens = float(sum(b.n_src_tokens for b in batches))
@@ -349,6 +367,12 @@ def main() -> None:
         "train_src_tgt_tok_s": (tokens + src_tokens) / ours_s,
         "train_tgt_tok_s_nn_transformer": tokens / ref_s,
         "train_ratio_vs_nn_transformer": ref_s / ours_s,
+        "train_rounds": train_rounds,
+        "train_tgt_tok_s_no_dropout": tokens / seconds["ours_nodrop"] if not args.quick else None,
+        "train_tgt_tok_s_nn_transformer_no_dropout":
+            tokens / seconds["ref_nodrop"] if not args.quick else None,
+        "train_ratio_vs_nn_transformer_no_dropout":
+            seconds["ref_nodrop"] / seconds["ours_nodrop"] if not args.quick else None,
         "matmul_peak_gflops": peak,
         "train_gflops": flops / ours_s / 1e9,
         "train_utilisation": flops / ours_s / 1e9 / peak,
@@ -378,6 +402,10 @@ def markdown(r: dict) -> str:
         ("training, ours (target tokens/s)", fmt(r["train_tgt_tok_s"], ".0f")),
         ("training, torch.nn.Transformer (target tokens/s)", fmt(r["train_tgt_tok_s_nn_transformer"], ".0f")),
         ("ratio ours / nn.Transformer", fmt(r["train_ratio_vs_nn_transformer"], ".2f")),
+        ("the same with all dropout off: ours / nn.Transformer (target tokens/s), ratio",
+         f"{fmt(r['train_tgt_tok_s_no_dropout'], '.0f')} / "
+         f"{fmt(r['train_tgt_tok_s_nn_transformer_no_dropout'], '.0f')}, "
+         f"{fmt(r['train_ratio_vs_nn_transformer_no_dropout'], '.2f')}"),
         ("matmul peak (GFLOP/s) / utilisation", f"{r['matmul_peak_gflops']:.0f} / "
                                                  f"{r['train_utilisation']:.0%}"),
         ("padding: token buckets / random 128-sentence batches",

@@ -1,6 +1,6 @@
 """Decoding speed on one checkpoint and one set of test sentences, measured in one run.
 
-    python scripts/benchmark_decoding.py saved_weights/<run> [--sentences 1000] [--rounds 3] [--out decoding.json]
+    python scripts/benchmark_decoding.py saved_weights/<run> [--sentences 1000] [--rounds 3] [--out f.json]
 
 Compares uncached greedy (the whole prefix recomputed every step, as the classic tutorials do),
 cached greedy and cached beam 5 on the run's own test split, and reports sentences/s, tokens/s,

@@ -20,6 +20,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from transformer_mt.dropout import Dropout
+
 
 @dataclass
 class TransformerConfig:
@@ -245,7 +247,7 @@ class PositionwiseFeedForward(nn.Module):
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
         self.activation = F.gelu if activation == "gelu" else F.relu
-        self.dropout = nn.Dropout(activation_dropout)
+        self.dropout = Dropout(activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, T, D) → (B, T, D)."""
@@ -294,7 +296,7 @@ class EncoderLayer(nn.Module):
                                                     c.activation_dropout)
         self.self_attn_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
         self.ff_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
 
     def forward(self, x: Tensor, attn_mask: Tensor | None) -> Tensor:
         """x (B, S, D), attn_mask (B, 1, 1, S) or None → (B, S, D)."""
@@ -321,7 +323,7 @@ class DecoderLayer(nn.Module):
         self.self_attn_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
         self.cross_attn_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
         self.ff_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
 
     def forward(
         self,
@@ -364,7 +366,7 @@ class Encoder(nn.Module):
         self.embed_scale = math.sqrt(c.d_model)
         self.positional = PositionalEncoding(c.d_model, c.max_positions,
                                              c.positional == "learned")
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
         self.layers = nn.ModuleList(EncoderLayer(c) for _ in range(c.encoder_layers))
         # Pre-norm leaves the residual stream un-normalised, hence a final LayerNorm.
         self.final_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else None
@@ -389,7 +391,7 @@ class Decoder(nn.Module):
         self.embed_scale = math.sqrt(c.d_model)
         self.positional = PositionalEncoding(c.d_model, c.max_positions,
                                              c.positional == "learned")
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
         self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.decoder_layers))
         self.final_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else None
 
