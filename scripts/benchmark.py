@@ -8,7 +8,8 @@ Measures, on the same real Tatoeba token batches and the same dimensions (the `s
 - padding of our length-bucketed token batches against fixed-size random sentence batches;
 - the whole `train` loop (data, logging, validation, checkpointing) against pure compute;
 - decoding speed of uncached greedy, cached greedy and beam 5 (and CTranslate2 when installed);
-- peak resident memory of training and of translation (each in a child process).
+- peak resident memory of training and of translation (each in a child process);
+- with --cheap-wins, bf16 autocast and torch.compile against eager fp32 (both off by default on CPU).
 Figures are only meaningful on an idle machine: the script warns when the load says otherwise,
 and takes the best of a few interleaved rounds (--rounds) against short disturbances.
 """
@@ -57,13 +58,27 @@ def machine() -> str:
     return f"{cpu}; {os.cpu_count()} cores, torch threads {threads}; torch {torch.__version__}"
 
 
-def load_warning() -> str | None:
-    """Other work on the CPU distorts every figure."""
+def _cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs since boot, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def load_warning(seconds: float = 2.0) -> str | None:
+    """Other work on the CPU distorts every figure: measure how busy it is right now.
+
+    /proc/stat over a short window, not the load average, which still counts work that ended a
+    minute ago.
+    """
     try:
-        load = float(Path("/proc/loadavg").read_text().split()[0])
-    except OSError:
+        busy0, total0 = _cpu_times()
+        time.sleep(seconds)
+        busy1, total1 = _cpu_times()
+    except (OSError, ValueError, IndexError):
         return None
-    return f"load average {load:.2f}: other processes are using the CPU" if load > 0.7 else None
+    busy = (busy1 - busy0) / max(1, total1 - total0)
+    return f"the CPU is {busy:.0%} busy with other processes" if busy > 0.1 else None
 
 
 def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
@@ -117,13 +132,16 @@ def forward_flops(c: TransformerConfig, batch_size: int, src_len: int, tgt_len: 
     return c.encoder_layers * enc + c.decoder_layers * dec + 2 * B * T * d * c.tgt_vocab_size
 
 
-def time_training(model: nn.Module, batches: list, label_smoothing: float = 0.1) -> tuple[float, float]:
+def time_training(model: nn.Module, batches: list, label_smoothing: float = 0.1,
+                  autocast_dtype: torch.dtype | None = None) -> tuple[float, float]:
     """Seconds for forward + backward + AdamW step over `batches` (after two warm-up steps)."""
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
 
     def step(batch) -> None:
-        logits = model(batch.src, batch.tgt_in)
+        with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16,
+                            enabled=autocast_dtype is not None):
+            logits = model(batch.src, batch.tgt_in)
         loss = F.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=PAD_ID,
                                label_smoothing=label_smoothing, reduction="sum") / batch.n_tgt_tokens
         loss.backward()
@@ -151,6 +169,27 @@ def padding_fractions(data, batch_tokens: int, seed: int = 0) -> tuple[float, fl
     fixed_real = sum(int(tgt[b].sum()) for b in fixed)
     fixed_padded = sum(len(b) * int(tgt[b].max()) for b in fixed)
     return 1 - ours_real / ours_padded, 1 - fixed_real / fixed_padded
+
+
+# -- options that are off by default on a CPU ------------------------------------------------------
+def cheap_wins(model_cfg: TransformerConfig, batches: list) -> dict[str, float]:
+    """Training speed with bf16 autocast and with torch.compile (dynamic shapes), each against eager
+    fp32 on the same batches; compile time is reported apart (the warm-up steps pay it)."""
+    def fresh() -> Transformer:
+        torch.manual_seed(0)
+        return Transformer(model_cfg)
+
+    eager_s, tokens = time_training(fresh(), batches)
+    bf16_s, _ = time_training(fresh(), batches, autocast_dtype=torch.bfloat16)
+    compiled = torch.compile(fresh(), dynamic=True)
+    start = time.perf_counter()
+    time_training(compiled, batches[:1])  # two warm-up steps of two shapes: static, then dynamic
+    compile_s = time.perf_counter() - start
+    compiled_s, _ = time_training(compiled, batches)
+    return {"train_tgt_tok_s_eager": tokens / eager_s,
+            "cpu_bf16_autocast_speedup": eager_s / bf16_s,
+            "torch_compile_speedup": eager_s / compiled_s,
+            "torch_compile_seconds": compile_s}
 
 
 # -- the whole loop --------------------------------------------------------------------------------
@@ -314,6 +353,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2,
                         help="training and decoding: best of this many interleaved rounds "
                              "(1 with --quick)")
+    parser.add_argument("--cheap-wins", action="store_true",
+                        help="also time bf16 autocast and torch.compile against eager fp32 (slow)")
     parser.add_argument("--child", choices=["train", "translate"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:
@@ -380,6 +421,8 @@ def main() -> None:
         "padding_frac_fixed_random_batches": fixed_pad,
     }
     results.update(loop_overhead(cfg, data, results["train_tgt_tok_s"], 3 if args.quick else 10))
+    if args.cheap_wins:
+        results.update(cheap_wins(model_cfg, batches))
     if checkpoint is not None:
         results["decode_checkpoint"] = str(checkpoint)
         results.update(decoding_speeds(checkpoint, 200 if args.quick else 1000,
@@ -418,6 +461,9 @@ def markdown(r: dict) -> str:
            f"{fmt(r.get(f'ct2_{q}_beam5{x}_sent_s'), '.1f')} / "
            f"{fmt(r.get(f'ct2_{q}_beam5{x}_bleu_delta'), '+.2f')}")
           for q in ("int8", "float32") for exact, x in ((False, ""), (True, "_exact"))],
+        *([("bf16 autocast / torch.compile training speed vs eager fp32 (compile seconds)",
+            f"{r['cpu_bf16_autocast_speedup']:.2f}x / {r['torch_compile_speedup']:.2f}x "
+            f"({r['torch_compile_seconds']:.0f} s)")] if "torch_compile_speedup" in r else []),
         ("peak RSS train / translate (MiB)",
          f"{fmt(r['peak_rss_train_mib'], '.0f')} / {fmt(r['peak_rss_translate_mib'], '.0f')}"),
     ]

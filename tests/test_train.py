@@ -157,3 +157,17 @@ def test_opus_books_trains_offline_from_a_fixture(tmp_path: Path) -> None:
                      "training.progress=false", f"checkpoint.dir={run_dir}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert (run_dir / "epoch_001.pt").exists() and (run_dir / "split" / "test.tsv").exists()
+
+
+@pytest.mark.slow
+def test_compiled_training_writes_plain_checkpoints(tmp_path: Path, corpus: Path) -> None:
+    """device.compile=true trains through torch.compile; checkpoints hold the plain model's keys."""
+    run_dir = tmp_path / "compiled"
+    result = run_cli("train", *tiny_overrides(corpus, run_dir, **{"device.compile": "true",
+                                                                   "training.epochs": 1}),
+                     timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = load_checkpoint(run_dir / "epoch_001.pt")
+    assert not any(key.startswith("_orig_mod.") for key in state["model"])
+    translated = run_cli("translate", f"checkpoint={run_dir}", "text=Hello.")
+    assert translated.returncode == 0, translated.stderr[-3000:]

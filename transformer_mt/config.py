@@ -83,6 +83,9 @@ class DeviceConfig:
     num_threads: int | None = None  # torch.set_num_threads; null = torch default
     num_interop_threads: int | None = None
     amp: str = "auto"  # auto (bf16 if supported on cuda, else fp16 on cuda, off on cpu) | off | bf16 | fp16
+    # torch.compile the training forward pass (dynamic shapes: token batches vary in both
+    # dimensions). Off by default: measured slower on a 2-core CPU (README, Performance).
+    compile: bool = False
 
 
 @dataclass

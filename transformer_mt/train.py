@@ -170,7 +170,10 @@ class Trainer:
         self._last_tick = time.perf_counter()
         if resume_state:
             self._restore(resume_state)
-        self.parallel = distributed.wrap(self.model, self.world, self.device)  # what training calls
+        forward = self.model
+        if cfg.device.compile:  # one graph with dynamic shapes serves every token batch
+            forward = torch.compile(self.model, dynamic=True)
+        self.parallel = distributed.wrap(forward, self.world, self.device)  # what training calls
         self.session_tokens, self.session_start_seconds = 0, self.train_seconds  # for result.json
 
         from torch.utils.tensorboard import SummaryWriter  # slow import, only for training
