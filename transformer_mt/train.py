@@ -318,14 +318,17 @@ class Trainer:
             self.epoch += 1
             self.batch_in_epoch = 0
         self._tick()
+        self.train_seconds = distributed.from_main(self.train_seconds, self.world)  # same stop everywhere
+        # Decide before saving, on the clock the checkpoint records: a run resumed from it then
+        # makes the same decision (writing the checkpoint still counts towards the budget).
+        stop = ""
+        if t.patience and self.bad_epochs >= t.patience:
+            stop = f"no improvement in {t.patience} validations"
+        elif self._budget_used() >= 1:
+            stop = f"time budget of {t.max_minutes} minutes reached"
         self._save(tag="epoch" if end_of_epoch else "step", improved=improved)
         self._tick()
-        self.train_seconds = distributed.from_main(self.train_seconds, self.world)  # same stop everywhere
-        if t.patience and self.bad_epochs >= t.patience:
-            return f"no improvement in {t.patience} validations"
-        if self._budget_used() >= 1:
-            return f"time budget of {t.max_minutes} minutes reached"
-        return ""
+        return stop
 
     def _train_epoch(self, interrupt: _Interrupt) -> str:
         """One pass over the shuffled batches (from where a resumed run left off).
@@ -409,7 +412,8 @@ class Trainer:
                 self._save(tag="latest")
             if interrupt.requested:
                 break
-            if stop_reason or self._budget_used() >= 1:
+            # (a validation just now has already decided on the budget, on its checkpoint's clock)
+            if stop_reason or (not self._validated_at_step and self._budget_used() >= 1):
                 bar.close()
                 return stop_reason or f"time budget of {t.max_minutes} minutes reached"
         bar.close()
