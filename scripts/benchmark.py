@@ -237,6 +237,19 @@ def best_of_rounds(runs: dict[str, Callable[[], object]], rounds: int) -> dict[s
     return best
 
 
+def time_decoding(engine, sources: list[str], settings: dict[str, DecodingConfig],
+                  rounds: int) -> dict[str, tuple[float, list[str]]]:
+    """Best seconds and the translations of `sources` with each decoding setting of a Translator."""
+    def runner(decoding: DecodingConfig) -> Callable[[], list[str]]:
+        def run() -> list[str]:
+            engine.decoding = decoding
+            return engine.translate(sources)
+        return run
+
+    engine.translate(sources[:8])  # warm-up: allocator, thread pool
+    return best_of_rounds({name: runner(d) for name, d in settings.items()}, rounds)
+
+
 def decoding_speeds(checkpoint: Path, n: int, rounds: int = 1) -> dict[str, float]:
     """Sentences/s of uncached greedy, cached greedy and beam 5 on the run's own test sentences."""
     from transformer_mt.translator import Translator
@@ -248,15 +261,7 @@ def decoding_speeds(checkpoint: Path, n: int, rounds: int = 1) -> dict[str, floa
     settings = {"greedy_nocache": DecodingConfig(beam_size=1, use_cache=False),
                 "greedy_cache": DecodingConfig(beam_size=1), "beam5": DecodingConfig(beam_size=5)}
 
-    def runner(decoding: DecodingConfig) -> Callable[[], list[str]]:
-        def run() -> list[str]:
-            engine.decoding = decoding
-            return engine.translate(sources)
-        return run
-
-    engine.translate(sources[:8])  # warm-up: allocator, thread pool
-    timed = best_of_rounds({name: runner(d) for name, d in settings.items()}, rounds)
-    for name, (seconds, hyps) in timed.items():
+    for name, (seconds, hyps) in time_decoding(engine, sources, settings, rounds).items():
         results[f"{name}_sent_s"] = len(sources) / seconds
         results[f"{name}_bleu"] = score(hyps, refs).bleu
     results.update(ct2_speeds(checkpoint, sources, refs, results["beam5_bleu"]))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -24,22 +23,14 @@ from transformer_mt.data import load_split_tsv
 from transformer_mt.metrics import score
 from transformer_mt.translator import Translator
 
-from benchmark import best_of_rounds, load_warning, machine  # scripts/ is on sys.path when run as a script
+from benchmark import load_warning, machine, time_decoding  # scripts/ is on sys.path when run as a script
 
 
 def measure(engine: Translator, sources: list[str], refs: list[str],
             settings: dict[str, DecodingConfig], rounds: int) -> dict[str, dict]:
     """Translate all sources with each decoding setting; best time of `rounds` interleaved rounds."""
-    def runner(decoding: DecodingConfig) -> Callable[[], list[str]]:
-        def run() -> list[str]:
-            engine.decoding = decoding
-            return engine.translate(sources)
-        return run
-
-    engine.translate(sources[:8])  # warm-up: allocator, thread pool
     results = {}
-    for name, (seconds, hyps) in best_of_rounds({n: runner(d) for n, d in settings.items()},
-                                                rounds).items():
+    for name, (seconds, hyps) in time_decoding(engine, sources, settings, rounds).items():
         tokens = sum(len(t) for t in engine.vocab.encode_tgt(hyps))
         scores = score(hyps, refs)
         results[name] = {"seconds": seconds, "sent_s": len(sources) / seconds,
