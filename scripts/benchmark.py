@@ -33,15 +33,17 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-
-from transformer_mt.config import DatasetConfig, DecodingConfig, ModelConfig, TokenizerConfig, TrainConfig
-from transformer_mt.data import TokenBatchSampler, collate, load_split_tsv, prepare_data
-from transformer_mt.metrics import score
-from transformer_mt.model import Transformer, TransformerConfig
-from transformer_mt.tokenizer import PAD_ID
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # for tests.reference, the nn.Transformer the tests compare us with
+
+from tests.reference import TorchReference  # noqa: E402
+from transformer_mt.checkpoint import build_model  # noqa: E402
+from transformer_mt.config import DecodingConfig, ModelConfig, TrainConfig  # noqa: E402
+from transformer_mt.data import PreparedData, TokenBatchSampler, load_split_tsv, prepare_data  # noqa: E402
+from transformer_mt.loss import summed_nll  # noqa: E402
+from transformer_mt.metrics import score  # noqa: E402
+from transformer_mt.tokenizer import PAD_ID  # noqa: E402
 
 
 # -- the machine -----------------------------------------------------------------------------------
@@ -94,42 +96,13 @@ def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
 
 
 # -- training throughput ---------------------------------------------------------------------------
-class TorchReference(nn.Module):
-    """`torch.nn.Transformer` with the same embeddings, positions and tied output as ours."""
-
-    def __init__(self, c: TransformerConfig):
-        super().__init__()
-        self.c = c
-        self.embed = nn.Embedding(c.src_vocab_size, c.d_model, padding_idx=c.pad_id)
-        self.core = nn.Transformer(c.d_model, c.n_heads, c.encoder_layers, c.decoder_layers, c.d_ff,
-                                   c.dropout, activation=c.activation, batch_first=True,
-                                   norm_first=c.norm_first)
-        pos = torch.arange(c.max_positions).unsqueeze(1)
-        div = torch.exp(torch.arange(0, c.d_model, 2) * (-math.log(10000.0) / c.d_model))
-        table = torch.zeros(c.max_positions, c.d_model)
-        table[:, 0::2], table[:, 1::2] = torch.sin(pos * div), torch.cos(pos * div)
-        self.register_buffer("positions", table, persistent=False)
-        self.drop = nn.Dropout(c.dropout)
-
-    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.embed(ids) * math.sqrt(self.c.d_model) + self.positions[: ids.size(1)])
-
-    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-        src_pad, tgt_pad = src.eq(self.c.pad_id), tgt_in.eq(self.c.pad_id)
-        causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.size(1), dtype=torch.bool)
-        out = self.core(self._embed(src), self._embed(tgt_in), tgt_mask=causal,
-                        src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_pad,
-                        memory_key_padding_mask=src_pad, tgt_is_causal=True)
-        return out @ self.embed.weight.t()
-
-
-def forward_flops(c: TransformerConfig, batch_size: int, src_len: int, tgt_len: int) -> float:
+def forward_flops(c: ModelConfig, vocab_size: int, batch_size: int, src_len: int, tgt_len: int) -> float:
     """Matmul FLOPs of one forward pass at padded shapes (training ≈ 3× this)."""
     d, f, B, S, T = c.d_model, c.d_ff, batch_size, src_len, tgt_len
     enc = B * S * (2 * d * 3 * d + 2 * d * d + 4 * d * f) + 4 * B * S * S * d
     dec = (B * T * (2 * d * 3 * d + 2 * d * d + 2 * d * d + 2 * d * d + 4 * d * f)
            + B * S * 2 * d * 2 * d + 4 * B * T * T * d + 4 * B * T * S * d)
-    return c.encoder_layers * enc + c.decoder_layers * dec + 2 * B * T * d * c.tgt_vocab_size
+    return c.encoder_layers * enc + c.decoder_layers * dec + 2 * B * T * d * vocab_size
 
 
 def time_training(model: nn.Module, batches: list, label_smoothing: float = 0.1,
@@ -142,8 +115,7 @@ def time_training(model: nn.Module, batches: list, label_smoothing: float = 0.1,
         with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16,
                             enabled=autocast_dtype is not None):
             logits = model(batch.src, batch.tgt_in)
-        loss = F.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=PAD_ID,
-                               label_smoothing=label_smoothing, reduction="sum") / batch.n_tgt_tokens
+        loss = summed_nll(logits, batch.tgt_out, label_smoothing) / batch.n_tgt_tokens
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -172,12 +144,12 @@ def padding_fractions(data, batch_tokens: int, seed: int = 0) -> tuple[float, fl
 
 
 # -- options that are off by default on a CPU ------------------------------------------------------
-def cheap_wins(model_cfg: TransformerConfig, batches: list) -> dict[str, float]:
+def cheap_wins(model_cfg: ModelConfig, data: PreparedData, batches: list) -> dict[str, float]:
     """Training speed with bf16 autocast and with torch.compile (dynamic shapes), each against eager
     fp32 on the same batches; compile time is reported apart (the warm-up steps pay it)."""
-    def fresh() -> Transformer:
+    def fresh() -> nn.Module:
         torch.manual_seed(0)
-        return Transformer(model_cfg)
+        return build_model(model_cfg, data.vocab)
 
     eager_s, tokens = time_training(fresh(), batches)
     bf16_s, _ = time_training(fresh(), batches, autocast_dtype=torch.bfloat16)
@@ -196,7 +168,7 @@ def cheap_wins(model_cfg: TransformerConfig, batches: list) -> dict[str, float]:
 def loop_overhead(cfg: TrainConfig, data, compute_tok_s: float, n_batches: int) -> dict[str, float]:
     """Time one real training epoch of `n_batches` batches (validation and checkpoint included),
     and extrapolate the fixed costs to a full-corpus epoch at the measured compute rate."""
-    from transformer_mt.train import Trainer
+    from transformer_mt.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as tmp:
         sub = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, dir=tmp))
@@ -205,8 +177,7 @@ def loop_overhead(cfg: TrainConfig, data, compute_tok_s: float, n_batches: int) 
         trainer = Trainer(sub, Path(tmp))
         batches = trainer.sampler.batches(0)
         trainer.sampler.batches = lambda epoch, *a, **k: batches[:n_batches]  # a short epoch
-        tokens = sum(collate(*trainer.data.train.select(b), PAD_ID).n_tgt_tokens
-                     for b in batches[:n_batches])
+        tokens = sum(trainer.data.train.batch(b).n_tgt_tokens for b in batches[:n_batches])
         start = time.perf_counter()
         trainer.fit()
         wall = time.perf_counter() - start
@@ -274,7 +245,7 @@ def ct2_speeds(checkpoint: Path, sources: list[str], refs: list[str], beam5_bleu
     try:
         import ctranslate2  # noqa: F401
 
-        from transformer_mt.export import CT2Translator, export_ctranslate2
+        from transformer_mt.ct2 import CT2Translator, export_ctranslate2
     except ImportError:
         return {"ct2_int8_beam5_sent_s": None, "ct2_bleu_delta": None}
     results: dict[str, float] = {}
@@ -310,8 +281,7 @@ def run_child(mode: str, checkpoint: Path | None) -> None:
         cfg = TrainConfig()
         data = prepare_data(cfg.dataset, cfg.tokenizer)
         batches = _real_batches(data, cfg, 6)
-        model = Transformer(_model_config(cfg.model, data))
-        time_training(model, batches)
+        time_training(build_model(cfg.model, data.vocab), batches)
     else:
         from transformer_mt.translator import Translator
 
@@ -332,16 +302,10 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _model_config(model: ModelConfig, data) -> TransformerConfig:
-    return TransformerConfig(src_vocab_size=data.vocab.src_vocab_size,
-                             tgt_vocab_size=data.vocab.tgt_vocab_size, pad_id=PAD_ID,
-                             **dataclasses.asdict(model))
-
-
 def _real_batches(data, cfg: TrainConfig, n: int) -> list:
     batches = TokenBatchSampler(data.train.lengths(), cfg.training.batch_tokens, shuffle=True,
                                 seed=cfg.seed).batches(0)
-    return [collate(*data.train.select(b), PAD_ID) for b in batches[:n]]
+    return [data.train.batch(b) for b in batches[:n]]
 
 
 def _newest_checkpoint() -> Path | None:
@@ -373,12 +337,12 @@ def main() -> None:
     if warning:
         print(f"warning: {warning}; figures will be low", file=sys.stderr)
     torch.manual_seed(0)
-    cfg = TrainConfig(dataset=DatasetConfig(), tokenizer=TokenizerConfig(), model=ModelConfig())
+    cfg = TrainConfig()
     cfg.training.progress = False
     data = prepare_data(cfg.dataset, cfg.tokenizer)
     n_batches = 4 if args.quick else 12
     batches = _real_batches(data, cfg, n_batches)
-    model_cfg = _model_config(cfg.model, data)
+    model_cfg, vocab_size = cfg.model, data.vocab.tgt_vocab_size
     peak = matmul_peak_gflops()
 
     # Our defaults (dropout on sub-layer outputs and embeddings only) against nn.Transformer with
@@ -386,13 +350,20 @@ def main() -> None:
     # both with dropout off: pure compute. Best of interleaved rounds, as for decoding.
     no_dropout = dataclasses.replace(model_cfg, dropout=0.0, attention_dropout=0.0,
                                      activation_dropout=0.0)
-    settings = [("ours", Transformer, model_cfg), ("ref", TorchReference, model_cfg)]
+
+    def ours(c: ModelConfig) -> nn.Module:
+        return build_model(c, data.vocab)
+
+    def reference(c: ModelConfig) -> nn.Module:
+        return TorchReference(c, vocab_size, PAD_ID)
+
+    settings = [("ours", ours, model_cfg), ("ref", reference, model_cfg)]
     if not args.quick:
-        settings += [("ours_nodrop", Transformer, no_dropout), ("ref_nodrop", TorchReference, no_dropout)]
+        settings += [("ours_nodrop", ours, no_dropout), ("ref_nodrop", reference, no_dropout)]
     models = {}
-    for name, cls, c in settings:
+    for name, build, c in settings:
         torch.manual_seed(0)
-        models[name] = cls(c)
+        models[name] = build(c)
     train_rounds = 1 if args.quick else args.rounds
     seconds = {name: math.inf for name in models}
     for _ in range(train_rounds):
@@ -400,7 +371,7 @@ def main() -> None:
             elapsed, tokens = time_training(model, batches)
             seconds[name] = min(seconds[name], elapsed)
     ours_s, ref_s = seconds["ours"], seconds["ref"]
-    flops = 3 * sum(forward_flops(model_cfg, *b.src.shape[:1], b.src.size(1), b.tgt_in.size(1))
+    flops = 3 * sum(forward_flops(model_cfg, vocab_size, *b.src.shape[:1], b.src.size(1), b.tgt_in.size(1))
                     for b in batches)
     src_tokens = float(sum(b.n_src_tokens for b in batches))
     ours_pad, fixed_pad = padding_fractions(data, cfg.training.batch_tokens)
@@ -427,7 +398,7 @@ def main() -> None:
     }
     results.update(loop_overhead(cfg, data, results["train_tgt_tok_s"], 3 if args.quick else 10))
     if args.cheap_wins:
-        results.update(cheap_wins(model_cfg, batches))
+        results.update(cheap_wins(model_cfg, data, batches))
     if checkpoint is not None:
         results["decode_checkpoint"] = str(checkpoint)
         results.update(decoding_speeds(checkpoint, 200 if args.quick else 1000,

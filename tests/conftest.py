@@ -1,13 +1,20 @@
-"""Shared fixtures: the real corpus beside the checkout, and tiny training overrides."""
+"""Shared fixtures: the real corpus beside the checkout, tiny training overrides, and the two ways to run a
+command: in this process (compose the config, call the job) or as a user would (a subprocess)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
+
+# Tests never use the network: Hugging Face libraries read only local files and caches.
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "data" / "fra-eng.zip"
@@ -23,23 +30,23 @@ def corpus() -> Path:
     pytest.skip("Tatoeba corpus not found at ../shared/data/fra-eng.zip or data/fra-eng.zip")
 
 
+@pytest.fixture(autouse=True)
+def keep_torch_threads() -> Iterator[None]:
+    """A job run in this process sets torch's thread count (device.num_threads); restore it."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
 def tiny_overrides(corpus: Path, run_dir: Path, **extra: object) -> list[str]:
-    """A training run that finishes in seconds: tiny model, 600 real pairs, small vocabulary."""
+    """A training run of seconds: `debug=tiny` (the tiny model, 600 real pairs, a 400-token vocabulary)
+    for two epochs, on this machine's two threads, into run_dir."""
     values: dict[str, object] = {
-        "model": "tiny",
-        "device": "cpu",
+        "debug": "tiny",
         "dataset.path": corpus,
         "dataset.url": "null",
         "dataset.cache_dir": run_dir.parent / "cache",
-        "dataset.max_pairs": 600,
-        "dataset.valid_size": 60,
-        "dataset.test_size": 60,
-        "tokenizer.vocab_size": 400,
         "training.epochs": 2,
-        "training.batch_tokens": 1024,
-        "training.warmup_steps": 20,
-        "training.valid_max_sentences": 30,
-        "training.progress": "false",
         "checkpoint.dir": run_dir,
         "device.num_threads": 2,
     }

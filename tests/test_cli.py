@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.conftest import run_cli
-from transformer_mt.cli import explain_composition_error, main
+from transformer_mt.cli import main
+from transformer_mt.composition import explain_composition_error
 
 
 def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
@@ -27,6 +30,14 @@ def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
         ("tokenizer=bogus", "tokenizer=bogus is not a known option"),
         ("training.scheduler=exponential", "training.scheduler='exponential' is not allowed"),
         ("tokenizer.vocab_size=3", "tokenizer.vocab_size=3 is out of range"),
+        # validation's search is `decoding` (it was training.valid_beam_size, which took 0 and crashed)
+        ("training.valid_beam_size=0", "'training.valid_beam_size' was renamed: use decoding.beam_size"),
+        ("decoding.beam_size=0", "decoding.beam_size=0 is out of range; it must be >= 1"),
+        # what only evaluate/translate use is not silently accepted by train
+        ("decoding.sampling=true", "'decoding.sampling' is not a known key"),
+        ("decoding.n_best=2", "'decoding.n_best' is not a known key"),
+        ("debug=true", "'debug' was renamed: use traceback"),
+        ("debug=nope", "debug=nope is not a known option; choose one of: tiny"),
     ],
 )
 def test_bad_config_fails_at_once_with_one_line(
@@ -36,6 +47,17 @@ def test_bad_config_fails_at_once_with_one_line(
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and expected in err
     assert len(err.splitlines()) == 1
+
+
+def test_checkpoint_dir_and_another_hydra_run_dir_fail_at_start(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """checkpoint.dir is where the run's files go: a different hydra.run.dir would split them."""
+    x, y = tmp_path / "x", tmp_path / "y"
+    assert main(["train", f"checkpoint.dir={x}", f"hydra.run.dir={y}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: checkpoint.dir={x} and Hydra's output directory {y} differ")
+    assert len(err.splitlines()) == 1 and not x.exists() and not y.exists()
+    assert main(["train", f"checkpoint.dir={x}", f"hydra.run.dir={x}", "--cfg", "job"]) == 0  # the same: fine
 
 
 def test_every_problem_is_reported_together(capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,8 +8,8 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.error
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import torch
 
-from transformer_mt import data as data_mod
 from transformer_mt.config import ConfigError, DatasetConfig, TokenizerConfig
 from transformer_mt.data import (
     DataError,
@@ -25,17 +24,17 @@ from transformer_mt.data import (
     TokenBatchSampler,
     collate,
     ensure_tatoeba,
-    load_opus_books,
+    length_sorted_batches,
     load_pairs,
     load_split_tsv,
     pad_sources,
     prepare_data,
     read_tatoeba,
-    sample_pairs,
     save_split,
     select_pairs,
     split_pairs,
 )
+from transformer_mt.data import encode as encode_mod
 from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 REAL_CORPUS = Path(__file__).resolve().parents[2] / "shared/data/fra-eng.zip"
@@ -132,7 +131,7 @@ def test_zip_without_text_is_a_data_error(tmp_path: Path) -> None:
 def test_non_utf8_names_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "fra.txt"
     path.write_bytes("Hi.\tSalut.\nGo.\tVa !\nCafé\tCaf".encode() + b"\xe9\n")
-    with pytest.raises(DataError, match=r"fra.txt: line 3 is not valid UTF-8") as info:
+    with pytest.raises(DataError, match=r"fra.txt: line 3 is not valid UTF-8 \(byte 0xe9\)") as info:
         read_tatoeba(path)
     assert "\n" not in str(info.value)
 
@@ -148,13 +147,18 @@ def test_missing_empty_and_all_malformed_files(tmp_path: Path) -> None:
         read_tatoeba(tmp_path / "bad.txt")
 
 
-def test_reading_a_large_file_is_fast(tmp_path: Path) -> None:
+def test_non_utf8_after_a_byte_order_mark_names_the_right_byte(tmp_path: Path) -> None:
+    path = tmp_path / "fra.txt"
+    path.write_bytes(b"\xef\xbb\xbfHi.\tSalut.\nCaf\xe9\tCaf\n")
+    with pytest.raises(DataError, match=r"line 2 is not valid UTF-8 \(byte 0xe9\)"):
+        read_tatoeba(path)
+
+
+def test_reading_a_large_file(tmp_path: Path) -> None:
     path = write_tatoeba(tmp_path / "fra.txt", ["I see a small red house."] * 160_000,
                          ["Je vois une petite maison rouge."] * 160_000)
-    start = time.perf_counter()
-    en, _, _ = read_tatoeba(path)
-    assert len(en) == 160_000
-    assert time.perf_counter() - start < 1.5  # about 0.3 s; generous for busy machines
+    en, fr, skipped = read_tatoeba(path)
+    assert len(en) == len(fr) == 160_000 and skipped == 0
 
 
 @pytest.mark.skipif(not REAL_CORPUS.is_file(), reason=f"{REAL_CORPUS} not present")
@@ -172,7 +176,7 @@ def test_missing_file_without_url_says_what_to_do(tmp_path: Path, monkeypatch) -
     def no_network(*args, **kwargs):
         raise AssertionError("must not download")
 
-    monkeypatch.setattr(data_mod.urllib.request, "urlopen", no_network)
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
     cfg = tatoeba_cfg(tmp_path / "data/fra-eng.zip", tmp_path)
     with pytest.raises(DataError, match="manythings.org/anki.*dataset.path=") as info:
         ensure_tatoeba(cfg)
@@ -183,7 +187,7 @@ def test_download_failure_is_a_data_error(tmp_path: Path, monkeypatch) -> None:
     def offline(*args, **kwargs):
         raise urllib.error.URLError("no network")
 
-    monkeypatch.setattr(data_mod.urllib.request, "urlopen", offline)
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
     cfg = DatasetConfig(path=str(tmp_path / "missing.zip"), url="https://example.invalid/fra-eng.zip",
                         cache_dir=str(tmp_path / "cache"))
     with pytest.raises(DataError, match="downloading .* failed.*dataset.path="):
@@ -201,7 +205,7 @@ def test_download_once_into_cache(tmp_path: Path, monkeypatch) -> None:
         calls.append(request.full_url)
         return io.BytesIO(buffer.getvalue())
 
-    monkeypatch.setattr(data_mod.urllib.request, "urlopen", fake_urlopen)
+    monkeypatch.setattr(urllib.request, "urlopen", fake_urlopen)
     cfg = DatasetConfig(path=str(tmp_path / "missing.zip"), url="https://example.invalid/fra-eng.zip",
                         cache_dir=str(tmp_path / "cache"))
     first = ensure_tatoeba(cfg)
@@ -213,7 +217,7 @@ def test_download_once_into_cache(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_download_of_a_non_zip_is_refused(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(data_mod.urllib.request, "urlopen",
+    monkeypatch.setattr(urllib.request, "urlopen",
                         lambda request, timeout=None: io.BytesIO(b"<html>blocked</html>"))
     cfg = DatasetConfig(path=str(tmp_path / "missing.zip"), url="https://example.invalid/fra-eng.zip",
                         cache_dir=str(tmp_path / "cache"))
@@ -233,7 +237,7 @@ def test_load_pairs_and_direction(tmp_path: Path) -> None:
     reverse = tatoeba_cfg(path, tmp_path, src_lang="fr", tgt_lang="en")
     assert select_pairs(reverse, en, fr) == (fr, en)
     with pytest.raises(ConfigError, match="en and fr"):
-        select_pairs(tatoeba_cfg(path, tmp_path, src_lang="de"), en, fr)
+        tatoeba_cfg(path, tmp_path, src_lang="de").check()
 
 
 def test_load_pairs_logs_skipped_lines(tmp_path: Path, caplog) -> None:
@@ -242,6 +246,11 @@ def test_load_pairs_logs_skipped_lines(tmp_path: Path, caplog) -> None:
     with caplog.at_level("WARNING"):
         load_pairs(tatoeba_cfg(path, tmp_path))
     assert "skipped 1 malformed" in caplog.text
+
+
+def sample_pairs(en: list[str], fr: list[str], max_pairs: int | None,
+                 seed: int) -> tuple[list[str], list[str]]:
+    return select_pairs(DatasetConfig(max_pairs=max_pairs, split_seed=seed), en, fr)
 
 
 def test_max_pairs_is_deterministic_and_spread_over_lengths() -> None:
@@ -383,9 +392,12 @@ def test_prepare_data_and_cache_hit(small_corpus: Path, tmp_path: Path) -> None:
     first = prepare_data(cfg, tok, tmp_path / "run")
     assert not first.stats["cache_hit"]
     assert len(list((tmp_path / "cache/encoded").glob("*.pt"))) == 1
-    start = time.perf_counter()
-    second = prepare_data(cfg, tok, tmp_path / "run2")
-    assert time.perf_counter() - start < 1.0
+    def no_rebuild(*args, **kwargs):  # noqa: ANN202
+        raise AssertionError("a cache hit must not read, split or encode the corpus again")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(encode_mod, "_build", no_rebuild)
+        second = prepare_data(cfg, tok, tmp_path / "run2")
     assert second.stats["cache_hit"]
     _same(first, second)
     # The cache holds only plain tensors, strings and dicts.
@@ -402,6 +414,26 @@ def test_prepare_data_and_cache_hit(small_corpus: Path, tmp_path: Path) -> None:
     assert (tmp_path / "run2/tokenizer.json").is_file()
     batch = d.train.batch([0, 1, 2])
     assert batch.src.shape[0] == 3 and batch.tgt_out[0, d.train.tgt_lens[0]] == EOS_ID
+
+
+def test_a_cache_miss_locates_and_reads_the_corpus_once(small_corpus: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformer_mt.data import corpora
+
+    calls = {"ensure": 0, "read": 0}
+    ensure, read = corpora.ensure_tatoeba, corpora.read_tatoeba
+
+    def counted(name, real):  # noqa: ANN001, ANN202
+        def wrapper(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            calls[name] += 1
+            return real(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(corpora, "ensure_tatoeba", counted("ensure", ensure))
+    monkeypatch.setattr(corpora, "read_tatoeba", counted("read", read))
+    data = prepare_data(tatoeba_cfg(small_corpus, tmp_path, valid_size=60, test_size=40),
+                        TokenizerConfig(kind="char", vocab_size=60))
+    assert not data.stats["cache_hit"] and calls == {"ensure": 1, "read": 1}
 
 
 def test_cache_key_follows_the_config(small_corpus: Path, tmp_path: Path) -> None:
@@ -512,7 +544,7 @@ def opus_cfg(tmp_path: Path, files: Path | str, **kw) -> DatasetConfig:
 
 
 def test_opus_books_from_json(tmp_path: Path, offline) -> None:
-    en, fr = load_opus_books(opus_cfg(tmp_path, OPUS_FIXTURE))
+    en, fr = load_pairs(opus_cfg(tmp_path, OPUS_FIXTURE))
     assert len(en) == len(fr) == 60
     assert en[0] == "The lighthouse keeper painted the door blue."
     assert fr[0] == "Le gardien du phare a peint la porte en bleu."
@@ -528,26 +560,26 @@ def test_opus_books_flattens_line_breaks_and_skips_empty(tmp_path: Path, offline
             {"id": "1", "translation": {"en": "", "fr": "Vide"}}]
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert load_opus_books(opus_cfg(tmp_path, path)) == (["Two lines"], ["Deux lignes"])
+    assert load_pairs(opus_cfg(tmp_path, path)) == (["Two lines"], ["Deux lignes"])
 
 
 def test_opus_books_missing_language_is_a_data_error(tmp_path: Path, offline) -> None:
     path = tmp_path / "de.jsonl"
     path.write_text(json.dumps({"id": "0", "translation": {"en": "Hi", "de": "Hallo"}}) + "\n")
     with pytest.raises(DataError, match="no fr translation"):
-        load_opus_books(opus_cfg(tmp_path, path))
+        load_pairs(opus_cfg(tmp_path, path))
 
 
 def test_opus_books_missing_file_is_a_data_error(tmp_path: Path, offline) -> None:
     with pytest.raises(DataError, match="matches no file"):
-        load_opus_books(opus_cfg(tmp_path, tmp_path / "nothing.jsonl"))
+        load_pairs(opus_cfg(tmp_path, tmp_path / "nothing.jsonl"))
 
 
 def test_opus_books_hub_offline_is_one_line(tmp_path: Path, offline) -> None:
     cfg = DatasetConfig(name="opus_books", hf_path="transformer-mt-tests/not-a-dataset",
                         cache_dir=str(tmp_path / "cache"))
     with pytest.raises(DataError, match="hf_data_files") as info:
-        load_opus_books(cfg)
+        load_pairs(cfg)
     assert "\n" not in str(info.value)
 
 
@@ -639,6 +671,20 @@ def test_collate_accepts_arrays_and_empty_sequences() -> None:
     assert torch.equal(pad_sources(arrays), batch.src)
     with pytest.raises(ValueError):
         collate([], [])
+
+
+def test_decoding_batches_follow_the_training_rule() -> None:
+    """Decoding batches sorted by length, each within its token budget: the same cut as training's."""
+    lengths = [5, 1, 9, 3, 3, 30, 7, 2]
+    batches = length_sorted_batches(lengths, 20)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    flat = [lengths[i] for b in batches for i in b]
+    assert flat == sorted(lengths)
+    for b in batches:
+        assert len(b) * (max(lengths[i] for i in b) + 1) <= 20 or len(b) == 1
+    sampler = TokenBatchSampler([[n, 0] for n in lengths], 20, shuffle=False)
+    assert [sorted(lengths[i] for i in b) for b in sampler.batches(0)] == [
+        sorted(lengths[i] for i in b) for b in batches]
 
 
 def test_ragged() -> None:

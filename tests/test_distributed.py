@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import ROOT, run_cli, tiny_overrides
-from transformer_mt import distributed
+import transformer_mt as tmt
+from tests.conftest import ROOT, tiny_overrides
+from transformer_mt import distributed, loss
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.cli import main
 from transformer_mt.data import TokenBatchSampler, collate
@@ -44,8 +45,7 @@ def test_ddp_matches_one_process_with_the_same_global_batch(tmp_path: Path, corp
     """Per-step losses and final weights of 2 ranks (1 epoch, then resumed for a 2nd) equal those of
     one process accumulating 2 batches per step for 2 epochs."""
     single = tmp_path / "single"
-    result = run_cli("train", *tiny_overrides(corpus, single, **EXACT, **{"training.accumulate": 2}))
-    assert result.returncode == 0, result.stderr[-3000:]
+    tmt.train(tiny_overrides(corpus, single, **EXACT, **{"training.accumulate": 2}))
 
     root = tmp_path / "ddp"  # no checkpoint.dir: the ranks must agree on a timestamped directory
     overrides = [o for o in tiny_overrides(corpus, root, **EXACT, **{"training.epochs": 1})
@@ -85,7 +85,7 @@ def test_step_tokens_count_every_ranks_micro_batches() -> None:
         batches = [b for shard in shards for b in shard[start:start + accumulate]]
         expected.append(sum(collate([[5]] * len(b), [tgt_ids[i] for i in b]).n_tgt_tokens for b in batches))
     every_rank = sampler.batches(1)[:len(shards[0]) * world]
-    assert distributed.step_tokens(every_rank, lengths[:, 1], accumulate * world) == expected
+    assert loss.step_tokens(every_rank, lengths[:, 1], accumulate * world) == expected
 
 
 def test_world_comes_from_torchrun_variables(monkeypatch: pytest.MonkeyPatch) -> None:

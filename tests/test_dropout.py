@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transformer_mt.dropout import Dropout, drop_mask
+from transformer_mt.model.dropout import Dropout, drop_mask
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])

@@ -3,7 +3,6 @@ and the `export` / `translate engine=ctranslate2` commands work end to end."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,17 +11,25 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import transformer_mt as tmt
 from tests.conftest import run_cli
-from transformer_mt.checkpoint import save_checkpoint
-from transformer_mt.config import ConfigError, DecodingConfig, TokenizerConfig, TranslateConfig
-from transformer_mt.data import collate, read_tatoeba, sample_pairs
-from transformer_mt.model import Transformer, TransformerConfig
+from transformer_mt.checkpoint import build_model, model_spec, save_checkpoint
+from transformer_mt.config import (
+    ConfigError,
+    DatasetConfig,
+    DecodingConfig,
+    ModelConfig,
+    TokenizerConfig,
+    TranslateConfig,
+)
+from transformer_mt.data import collate, read_tatoeba, select_pairs
+from transformer_mt.model import Transformer
 from transformer_mt.tokenizer import PAD_ID, train_tokenizers
 from transformer_mt.translator import Translator
 
 pytest.importorskip("ctranslate2")
 
-from transformer_mt.export import CT2Translator, ExportError, export_ctranslate2  # noqa: E402
+from transformer_mt.ct2 import CT2Translator, ExportError, export_ctranslate2  # noqa: E402
 
 N_PAIRS = 300
 GREEDY = DecodingConfig(beam_size=1)
@@ -31,7 +38,7 @@ GREEDY = DecodingConfig(beam_size=1)
 @pytest.fixture(scope="module")
 def pairs(corpus: Path) -> tuple[list[str], list[str]]:
     english, french, _ = read_tatoeba(corpus)
-    return sample_pairs(english, french, N_PAIRS, 7)
+    return select_pairs(DatasetConfig(max_pairs=N_PAIRS, split_seed=7), english, french)
 
 
 def _train(pairs: tuple[list[str], list[str]], directory: Path, steps: int,
@@ -41,10 +48,9 @@ def _train(pairs: tuple[list[str], list[str]], directory: Path, steps: int,
     torch.manual_seed(0)
     en, fr = pairs
     vocab = train_tokenizers(TokenizerConfig(kind="bpe", vocab_size=500, min_frequency=2), en, fr)
-    config = TransformerConfig(src_vocab_size=vocab.src_vocab_size, tgt_vocab_size=vocab.tgt_vocab_size,
-                               pad_id=PAD_ID, d_model=64, n_heads=4, d_ff=128, encoder_layers=2,
-                               decoder_layers=2, dropout=0.0, max_positions=128, **model)  # type: ignore[arg-type]
-    net = Transformer(config)
+    config = ModelConfig(d_model=64, n_heads=4, d_ff=128, encoder_layers=2, decoder_layers=2, dropout=0.0,
+                         max_positions=128, **model)  # type: ignore[arg-type]
+    net = build_model(config, vocab)
     src, tgt = vocab.encode_src(en), vocab.encode_tgt(fr)
     optimizer = torch.optim.Adam(net.parameters(), lr=3e-3)
     generator = torch.Generator().manual_seed(0)
@@ -58,7 +64,7 @@ def _train(pairs: tuple[list[str], list[str]], directory: Path, steps: int,
         optimizer.step()
     net.eval()
     directory.mkdir(parents=True, exist_ok=True)
-    save_checkpoint({"model_config": dataclasses.asdict(config), "config": {}, "overrides": [],
+    save_checkpoint({"model_config": model_spec(net), "config": {}, "overrides": [],
                      "tokenizer": vocab.to_json(), "model": net.state_dict(), "epoch": 1,
                      "step": steps}, directory / "best.pt")
     return directory, net
@@ -196,17 +202,15 @@ def test_export_replaces_an_export_but_not_other_directories(post_norm: Path, tm
     with pytest.raises(ExportError, match="is not a CTranslate2 export"):
         export_ctranslate2(post_norm, other)
     assert (other / "keep.txt").read_text() == "mine"
-    with pytest.raises(ExportError, match="quantization='int4' is not allowed"):
+    with pytest.raises(ConfigError, match="quantization='int4' is not allowed"):
         export_ctranslate2(post_norm, tmp_path / "x", quantization="int4")
     with pytest.raises(ExportError, match="not a CTranslate2 export of transformer-mt"):
         CT2Translator.from_dir(other)
 
 
 def test_ctranslate2_engine_needs_a_model_dir() -> None:
-    from transformer_mt.translate import translate
-
     with pytest.raises(ConfigError, match="engine=ctranslate2 needs model_dir="):
-        translate(TranslateConfig(engine="ctranslate2", text="Hello"))
+        tmt.translate(TranslateConfig(engine="ctranslate2", text="Hello"))
 
 
 def test_cli_export_then_translate(post_norm: Path, tmp_path: Path) -> None:

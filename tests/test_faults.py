@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import transformer_mt as tmt
 from tests.conftest import ROOT, run_cli, tiny_overrides
 from transformer_mt.checkpoint import CheckpointError, load_checkpoint, load_latest_good
 
@@ -45,14 +46,13 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 def reference_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
     """An uninterrupted 2-epoch run with a checkpoint after every step."""
     run_dir = tmp_path_factory.mktemp("faults") / "reference"
-    result = run_cli("train", *tiny_overrides(corpus, run_dir, **FAULT_RUN))
-    assert result.returncode == 0, result.stderr[-3000:]
+    tmt.train(tiny_overrides(corpus, run_dir, **FAULT_RUN))
     return run_dir
 
 
 @pytest.mark.parametrize("kill_after_step", [3, 14])
 def test_kill_9_then_resume_is_bit_exact(reference_run: Path, corpus: Path, tmp_path: Path,
-                                         kill_after_step: int) -> None:
+                                         kill_after_step: int, caplog: pytest.LogCaptureFixture) -> None:
     steps_per_epoch = load_checkpoint(reference_run / "epoch_001.pt")["step"]
     assert kill_after_step < 2 * steps_per_epoch
     run_dir = tmp_path / "killed"
@@ -64,13 +64,31 @@ def test_kill_9_then_resume_is_bit_exact(reference_run: Path, corpus: Path, tmp_
     killed_at = load_checkpoint(run_dir / "latest.pt")["step"]
     assert killed_at < 2 * steps_per_epoch, "the run finished before it was killed"
 
-    result = run_cli("train", f"resume={run_dir}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"step {killed_at}, lr" in result.stdout + result.stderr  # continued where it was
+    with caplog.at_level("INFO"):
+        tmt.train([f"resume={run_dir}"])  # in this process: the same computation, bit for bit
+    assert f"step {killed_at}, lr" in caplog.text  # continued where it was
     expected, got = _weights(reference_run / "epoch_002.pt"), _weights(run_dir / "epoch_002.pt")
     assert expected.keys() == got.keys()
     for name in expected:
         assert torch.equal(expected[name], got[name]), f"{name} differs after resume"
+
+
+def test_a_resumed_run_reads_its_checkpoint_once(reference_run: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command line reads the checkpoint to replay the run's overrides; training then resumes
+    from that same state instead of loading the file again."""
+    from transformer_mt import checkpoint
+
+    run_dir = tmp_path / "again"
+    run_dir.mkdir()
+    for name in ("epoch_002.pt", "tokenizer.json"):
+        (run_dir / name).write_bytes((reference_run / name).read_bytes())
+    loads = []
+    real = checkpoint.load_checkpoint
+    monkeypatch.setattr(checkpoint, "load_checkpoint", lambda path, *a, **k: loads.append(path) or real(path))
+    tmt.train([f"resume={run_dir}", "training.epochs=3", "training.save_every_steps=0"])
+    assert loads == [run_dir / "epoch_002.pt"]
+    assert load_checkpoint(run_dir / "latest.pt")["epoch"] == 3
 
 
 def test_sigint_saves_a_checkpoint_and_says_how_to_resume(corpus: Path, tmp_path: Path) -> None:
@@ -131,26 +149,21 @@ def test_not_a_checkpoint(tmp_path: Path) -> None:
 
 
 def test_resume_into_another_model_shape_is_a_clear_error(reference_run: Path) -> None:
-    result = run_cli("train", f"resume={reference_run}", "model.d_ff=96", "training.epochs=3")
-    assert result.returncode == 2
-    assert "model.d_ff: checkpoint 128 vs config 96" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    with pytest.raises(CheckpointError, match="model.d_ff: checkpoint 128 vs config 96") as info:
+        tmt.train([f"resume={reference_run}", "model.d_ff=96", "training.epochs=3"])
+    assert "\n" not in str(info.value)
 
 
 def test_diverging_run_stops_with_a_clear_message(corpus: Path, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from omegaconf import OmegaConf
-
-    from transformer_mt import train as train_module
-    from transformer_mt.config import TrainConfig, to_dataclass
+    from transformer_mt import trainer as train_module
 
     run_dir = tmp_path / "nan"
-    overrides = tiny_overrides(corpus, run_dir, **{"training.max_bad_steps": 3})
-    overrides = [o for o in overrides if not o.startswith(("model=", "device="))]
-    cfg = to_dataclass(OmegaConf.from_dotlist(overrides), TrainConfig)
+    cfg = tmt.compose("train", tiny_overrides(corpus, run_dir, **{"training.max_bad_steps": 3}))
     cfg.model.d_model, cfg.model.d_ff, cfg.model.encoder_layers, cfg.model.decoder_layers = 32, 64, 1, 1
     trainer = train_module.Trainer(cfg, run_dir)
-    monkeypatch.setattr(trainer, "_loss", lambda batch: torch.tensor(float("nan"), requires_grad=True))
+    nan = torch.tensor(float("nan"), requires_grad=True)
+    monkeypatch.setattr(train_module.loss, "summed_nll", lambda *args, **kwargs: nan)
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     with pytest.raises(train_module.TrainingError, match="3 non-finite values in a row"):
         trainer.fit()
@@ -161,7 +174,7 @@ def test_diverging_run_stops_with_a_clear_message(corpus: Path, tmp_path: Path,
 
 def test_unwritable_run_directory_fails_before_training(tmp_path: Path) -> None:
     from transformer_mt.config import ConfigError
-    from transformer_mt.train import check_writable
+    from transformer_mt.runtime import check_writable
 
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")

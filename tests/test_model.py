@@ -3,32 +3,36 @@
 from __future__ import annotations
 
 import math
-import warnings
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from transformer_mt.model import MultiHeadAttention, Transformer, TransformerConfig
+from tests.reference import TorchReference
+from transformer_mt.config import ModelConfig
+from transformer_mt.model import MultiHeadAttention, Transformer
 
 PAD, BOS, EOS = 0, 1, 2
 V, D, H, FF = 50, 32, 4, 64
 TOL = dict(atol=1e-5, rtol=1e-5)
 
 
-def tiny_config(**overrides) -> TransformerConfig:
-    """The small configuration every test uses (dropout off so eval/train agree)."""
-    kw = dict(src_vocab_size=V, tgt_vocab_size=V, pad_id=PAD, d_model=D, n_heads=H, d_ff=FF,
-              encoder_layers=2, decoder_layers=2, dropout=0.0, max_positions=64)
+def make_model(**overrides) -> Transformer:
+    """The small configuration every test uses (dropout off so eval/train agree); vocabulary sizes and
+    pad id may be overridden like the hyper-parameters."""
+    kw = dict(d_model=D, n_heads=H, d_ff=FF, encoder_layers=2, decoder_layers=2, dropout=0.0,
+              max_positions=64)
     kw.update(overrides)
-    return TransformerConfig(**kw)
+    vocab = {k: kw.pop(k) for k in ("src_vocab_size", "tgt_vocab_size", "pad_id") if k in kw}
+    return Transformer(ModelConfig(**kw), vocab.get("src_vocab_size", V), vocab.get("tgt_vocab_size", V),
+                       vocab.get("pad_id", PAD))
 
 
 def tiny_model(seed: int = 0, **overrides) -> Transformer:
     """A float64 eval-mode tiny model with non-trivial LayerNorm parameters and biases."""
     torch.manual_seed(seed)
-    model = Transformer(tiny_config(**overrides)).double().eval()
+    model = make_model(**overrides).double().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
@@ -45,16 +49,6 @@ def padded_batch(lengths: list[int], seed: int, first: int | None = None) -> tor
     if first is not None:
         x[:, 0] = first
     return x
-
-
-def reference_sinusoid(length: int, d: int) -> torch.Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), element by element."""
-    pe = torch.zeros(length, d, dtype=torch.float64)
-    for pos in range(length):
-        for i in range(0, d, 2):
-            angle = pos / (10000 ** (i / d))
-            pe[pos, i], pe[pos, i + 1] = math.sin(angle), math.cos(angle)
-    return pe
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,83 +153,19 @@ def test_fully_masked_rows_give_no_nan() -> None:
 # Whole model vs nn.Transformer
 
 
-def reference_transformer(model: Transformer) -> nn.Transformer:
-    """nn.Transformer with the same dims, loaded with `model`'s weights."""
-    c = model.config
-    with warnings.catch_warnings():  # "enable_nested_tensor is True, but ..." for pre-norm
-        warnings.simplefilter("ignore", UserWarning)
-        ref = nn.Transformer(
-            d_model=c.d_model, nhead=c.n_heads, num_encoder_layers=c.encoder_layers,
-            num_decoder_layers=c.decoder_layers, dim_feedforward=c.d_ff, dropout=0.0,
-            activation=c.activation, batch_first=True, norm_first=c.norm_first,
-            layer_norm_eps=c.layer_norm_eps,
-        ).double().eval()
-    ref.encoder.enable_nested_tensor = ref.encoder.use_nested_tensor = False  # plain dense path
-
-    def copy_norm(dst: nn.LayerNorm, src: nn.LayerNorm) -> None:
-        dst.weight.copy_(src.weight)
-        dst.bias.copy_(src.bias)
-
-    def copy_ffn(dst, src) -> None:
-        for name in ("linear1", "linear2"):
-            getattr(dst, name).weight.copy_(getattr(src.feed_forward, name).weight)
-            getattr(dst, name).bias.copy_(getattr(src.feed_forward, name).bias)
-
-    def copy_out(dst: nn.MultiheadAttention, src: MultiHeadAttention) -> None:
-        dst.out_proj.weight.copy_(src.out_proj.weight)
-        dst.out_proj.bias.copy_(src.out_proj.bias)
-
-    with torch.no_grad():
-        for dst, src in zip(ref.encoder.layers, model.encoder.layers, strict=True):
-            dst.self_attn.in_proj_weight.copy_(src.self_attn.qkv_proj.weight)
-            dst.self_attn.in_proj_bias.copy_(src.self_attn.qkv_proj.bias)
-            copy_out(dst.self_attn, src.self_attn)
-            copy_ffn(dst, src)
-            copy_norm(dst.norm1, src.self_attn_norm)
-            copy_norm(dst.norm2, src.ff_norm)
-        for dst, src in zip(ref.decoder.layers, model.decoder.layers, strict=True):
-            dst.self_attn.in_proj_weight.copy_(src.self_attn.qkv_proj.weight)
-            dst.self_attn.in_proj_bias.copy_(src.self_attn.qkv_proj.bias)
-            copy_out(dst.self_attn, src.self_attn)
-            ca, ref_ca = src.cross_attn, dst.multihead_attn
-            ref_ca.in_proj_weight.copy_(torch.cat([ca.q_proj.weight, ca.kv_proj.weight]))
-            ref_ca.in_proj_bias.copy_(torch.cat([ca.q_proj.bias, ca.kv_proj.bias]))
-            copy_out(ref_ca, ca)
-            copy_ffn(dst, src)
-            copy_norm(dst.norm1, src.self_attn_norm)
-            copy_norm(dst.norm2, src.cross_attn_norm)
-            copy_norm(dst.norm3, src.ff_norm)
-        if c.norm_first:
-            copy_norm(ref.encoder.norm, model.encoder.final_norm)
-            copy_norm(ref.decoder.norm, model.decoder.final_norm)
-        else:  # nn.Transformer always adds final norms; the post-norm paper model has none
-            ref.encoder.norm = nn.Identity()
-            ref.decoder.norm = nn.Identity()
-    return ref
-
-
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_model_matches_nn_transformer(norm_first: bool, activation: str) -> None:
     model = tiny_model(norm_first=norm_first, activation=activation)
-    ref = reference_transformer(model)
+    ref = TorchReference.from_model(model)  # embeddings, positions and output outside nn.Transformer
     src = padded_batch([7, 4, 6], seed=1)
     tgt = padded_batch([5, 6, 2], seed=2, first=BOS)
     src_pad, tgt_pad = src == PAD, tgt == PAD
-    S, T = src.size(1), tgt.size(1)
-
-    # Embeddings, scaling, positions and output projection are done here, outside nn.Transformer.
-    emb = model.src_embed.weight  # tied: also the target embedding and output projection
-    src_x = emb[src] * math.sqrt(D) + reference_sinusoid(S, D)
-    tgt_x = emb[tgt] * math.sqrt(D) + reference_sinusoid(T, D)
-    causal = torch.ones(T, T, dtype=torch.bool).triu(1)  # nn convention: True = masked
     with torch.no_grad():
-        h = ref(src_x, tgt_x, tgt_mask=causal, src_key_padding_mask=src_pad,
-                tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=src_pad)
-        expected = h @ emb.T
+        expected = ref(src, tgt)
         logits = model(src, tgt)
         memory, _ = model.encode(src)
-        ref_memory = ref.encoder(src_x, src_key_padding_mask=src_pad)
+        ref_memory = ref.encode(src)
 
     real = ~tgt_pad
     assert torch.allclose(logits[real], expected[real], **TOL)
@@ -245,15 +175,10 @@ def test_model_matches_nn_transformer(norm_first: bool, activation: str) -> None
 def test_model_matches_nn_transformer_without_padding() -> None:
     """The mask-free SDPA fast paths (attn_mask=None, is_causal=True) give the same result."""
     model = tiny_model(seed=4)
-    ref = reference_transformer(model)
+    ref = TorchReference.from_model(model)
     src, tgt = padded_batch([6, 6], seed=3), padded_batch([5, 5], seed=4, first=BOS)
-    emb = model.src_embed.weight
-    src_x = emb[src] * math.sqrt(D) + reference_sinusoid(6, D)
-    tgt_x = emb[tgt] * math.sqrt(D) + reference_sinusoid(5, D)
-    causal = torch.ones(5, 5, dtype=torch.bool).triu(1)
     with torch.no_grad():
-        expected = ref(src_x, tgt_x, tgt_mask=causal) @ emb.T
-        assert torch.allclose(model(src, tgt), expected, **TOL)
+        assert torch.allclose(model(src, tgt), ref(src, tgt), **TOL)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -380,7 +305,7 @@ def test_degenerate_padding_gives_finite_outputs() -> None:
 
 
 def test_training_mode_backward() -> None:
-    model = Transformer(tiny_config(dropout=0.1, attention_dropout=0.1, activation_dropout=0.1))
+    model = make_model(dropout=0.1, attention_dropout=0.1, activation_dropout=0.1)
     src = padded_batch([6, 4], seed=13)
     tgt = padded_batch([5, 3], seed=14, first=BOS)
     logits = model.train()(src, tgt)
@@ -395,7 +320,7 @@ def test_training_mode_backward() -> None:
 
 
 def test_initialisation() -> None:
-    model = Transformer(tiny_config())
+    model = make_model()
     assert model.src_embed.weight[PAD].abs().max() == 0
     assert model.output_projection.weight is model.src_embed.weight
     assert model.tgt_embed is model.src_embed
@@ -416,8 +341,8 @@ def test_initialisation() -> None:
     ],
 )
 def test_options_construct_and_run(overrides: dict) -> None:
-    model = Transformer(tiny_config(**overrides)).eval()
-    tv = model.config.tgt_vocab_size
+    model = make_model(**overrides).eval()
+    tv = model.tgt_vocab_size
     src = padded_batch([5, 3], seed=15)
     tgt = padded_batch([4, 2], seed=16, first=BOS).clamp(max=tv - 1)
     with torch.no_grad():
@@ -426,7 +351,7 @@ def test_options_construct_and_run(overrides: dict) -> None:
     assert (model.tgt_embed is model.src_embed) == c.tie_embeddings
     tied_out = model.output_projection.weight is model.tgt_embed.weight
     assert tied_out == (c.tie_embeddings or c.tie_output)
-    n_emb = c.src_vocab_size * D + (0 if c.tie_embeddings else tv * D) + (0 if tied_out else tv * D)
+    n_emb = model.src_vocab_size * D + (0 if c.tie_embeddings else tv * D) + (0 if tied_out else tv * D)
     n_pos = 2 * c.max_positions * D if c.positional == "learned" else 0
     assert model.num_parameters() == n_emb + n_pos + sum(
         p.numel() for n, p in model.named_parameters() if "layers" in n or "final_norm" in n
@@ -446,10 +371,10 @@ def test_options_construct_and_run(overrides: dict) -> None:
 )
 def test_constructor_rejects_impossible_configs(overrides: dict) -> None:
     with pytest.raises(ValueError):
-        Transformer(tiny_config(**overrides))
+        make_model(**overrides)
 
 
 def test_too_long_input_is_rejected() -> None:
-    model = Transformer(tiny_config(max_positions=4)).eval()
+    model = make_model(max_positions=4).eval()
     with pytest.raises(ValueError, match="max_positions"):
         model.encode(torch.full((1, 5), 7))

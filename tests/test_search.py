@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from transformer_mt.model import Transformer, TransformerConfig
+from transformer_mt.config import ModelConfig
+from transformer_mt.model import Transformer
 from transformer_mt.search import Hypothesis, beam_search, greedy_search, sample
 
 PAD, BOS, EOS = 0, 1, 2
@@ -19,11 +20,10 @@ V = 40
 def random_model(seed: int = 0, **overrides) -> Transformer:
     """An untrained float64 tiny model (float64 keeps near-ties from flipping between runs)."""
     torch.manual_seed(seed)
-    kw = dict(src_vocab_size=V, tgt_vocab_size=V, pad_id=PAD, d_model=32, n_heads=4, d_ff=64,
-              encoder_layers=2, decoder_layers=2, dropout=0.0, max_positions=64,
-              tie_embeddings=False, tie_output=False)  # tied+untrained mostly copies its input
+    kw = dict(d_model=32, n_heads=4, d_ff=64, encoder_layers=2, decoder_layers=2, dropout=0.0,
+              max_positions=64, tie_embeddings=False, tie_output=False)  # tied+untrained mostly copies
     kw.update(overrides)
-    model = Transformer(TransformerConfig(**kw)).double().eval()
+    model = Transformer(ModelConfig(**kw), V, V, PAD).double().eval()
     with torch.no_grad():  # sharper distributions: varied outputs, some stopping early on eos
         model.output_projection.weight.mul_(3.0)
     return model
@@ -136,7 +136,8 @@ class TableModel(nn.Module):
 
     def __init__(self, table: torch.Tensor, max_positions: int = 64) -> None:
         super().__init__()
-        self.config = SimpleNamespace(pad_id=PAD, max_positions=max_positions)
+        self.config = SimpleNamespace(max_positions=max_positions)
+        self.pad_id = PAD
         self.table = table.log()  # (V, V): row = previous token
         self.calls = 0
 

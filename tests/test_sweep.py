@@ -7,10 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from tests.conftest import run_cli, tiny_overrides
-from transformer_mt.cli import UserError, explain_composition_error, precheck
-from transformer_mt.config import CONFIG_DIR, register_schemas
+from transformer_mt.cli import main
+from transformer_mt.composition import compose_hydra, explain_composition_error, precheck
+from transformer_mt.config import ConfigError
 from transformer_mt.sweep import markdown, write_summary
 
 
@@ -41,6 +43,40 @@ def _hparams(run_dir: Path) -> dict[str, object]:
     assert "best/bleu" in acc.Tags()["scalars"]
     start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
     return {k: v.string_value or v.number_value for k, v in start.session_start_info.hparams.items()}
+
+
+def test_each_job_of_a_sweep_writes_into_its_own_checkpoint_dir(tmp_path: Path, corpus: Path) -> None:
+    """The usual way to give each job its own directory: Hydra's job number in checkpoint.dir."""
+    runs = tmp_path / "runs"
+    result = run_cli("train", "-m", *_sweep_overrides(corpus, tmp_path), "training.lr=5e-4,1e-3",
+                     f"checkpoint.dir={runs}/${{hydra:job.num}}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    for job in (0, 1):
+        for name in ("best.pt", "result.json", "train.log", ".hydra/config.yaml", "split/test.tsv"):
+            assert (runs / str(job) / name).exists(), f"{job}/{name}"
+    rows = list(csv.DictReader((_sweep_dir(tmp_path) / "summary.csv").open(encoding="utf-8")))
+    assert [Path(r["checkpoint"]) for r in rows] == [(runs / str(j) / "best.pt").resolve() for j in (0, 1)]
+
+
+def test_jobs_that_would_share_a_checkpoint_dir_fail_at_start(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "-m", "debug=tiny", "training.lr=5e-4,1e-3", f"checkpoint.dir={tmp_path}/x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: jobs 0 and 1 of this sweep would share checkpoint.dir=")
+    assert len(err.splitlines()) == 1 and not (tmp_path / "x").exists()
+    assert main(["train", "-m", "sweep=optuna", f"checkpoint.dir={tmp_path}/x"]) == 2  # trials too
+    assert "would share" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", ["runs/${hydra:job.num}", "runs/${now:%Y-%m-%d}/lr${training.lr}",
+                                  "${hydra:runtime.output_dir}/checkpoints", "runs/${hydra:job.name}"])
+def test_hydra_interpolations_work_in_path_keys(path: str) -> None:
+    """Resolved as Hydra resolves them in the job: before it starts (precheck), in any path key."""
+    multirun = "job.num" in path
+    precheck("train", [*(["-m"] if multirun else []), f"checkpoint.dir={path}",
+                       f"dataset.cache_dir={path}/cache", "training.lr=1e-3,5e-4" if multirun else "seed=1"])
+    cfg = compose_hydra("train", [f"checkpoint.dir={path}"], job_num=3 if multirun else None)
+    assert "${" not in str(OmegaConf.to_container(cfg.checkpoint, resolve=True))
 
 
 def test_multirun_compares_its_jobs(tmp_path: Path, corpus: Path) -> None:
@@ -84,14 +120,7 @@ def test_optuna_sweep_maximises_bleu_in_three_trials(tmp_path: Path, corpus: Pat
 
 
 def _compose(*overrides: str):  # noqa: ANN202 - a DictConfig
-    from hydra import compose, initialize_config_dir
-
-    from transformer_mt.cli import _register_resolvers
-
-    register_schemas()
-    _register_resolvers()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="train"):
-        return compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
+    return compose_hydra("train", list(overrides))
 
 
 def test_slurm_launcher_composes() -> None:
@@ -126,7 +155,7 @@ def test_precheck_accepts_sweepers_launchers_and_search_spaces(overrides: list[s
 
 
 def test_precheck_checks_both_ends_of_an_interval() -> None:
-    with pytest.raises(UserError, match="training.lr=-0.1 is out of range"):
+    with pytest.raises(ConfigError, match="training.lr=-0.1 is out of range"):
         precheck("train", ["-m", "training.lr=interval(-0.1, 1e-3)"])
 
 

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from transformer_mt.config import ConfigError, TokenizerConfig
+from transformer_mt.rules import min_vocab_size
 from transformer_mt.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -16,7 +17,6 @@ from transformer_mt.tokenizer import (
     SPECIAL_TOKENS,
     UNK_ID,
     Vocabulary,
-    min_vocab_size,
     train_tokenizers,
 )
 
@@ -132,7 +132,8 @@ def test_min_frequency_prunes_rare_words() -> None:
 @pytest.mark.parametrize("kind", ["bpe", "wordlevel", "char"])
 def test_vocab_too_small_is_a_config_error(kind: str) -> None:
     minimum = min_vocab_size(kind)
-    with pytest.raises(ConfigError, match=f"at least {minimum}"):
+    expected = f"tokenizer.vocab_size={minimum - 1} is out of range; it must be >= {minimum}"
+    with pytest.raises(ConfigError, match=expected):
         train_tokenizers(TokenizerConfig(kind=kind, vocab_size=minimum - 1), ENGLISH, FRENCH)
     assert min_vocab_size("bpe") == 260
 

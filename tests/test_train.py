@@ -1,14 +1,19 @@
-"""End to end on real Tatoeba pairs: train the tiny model, resume it, evaluate and translate with it."""
+"""End to end on real Tatoeba pairs: train the tiny model (as a user would), resume it, evaluate and
+translate with it (in this process, through the same jobs)."""
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
+import transformer_mt as tmt
 from tests.conftest import run_cli, tiny_overrides
 from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.config import CheckpointError, DataError
 
 
 def _scalars(run_dir: Path) -> dict[str, list[float]]:
@@ -21,7 +26,7 @@ def _scalars(run_dir: Path) -> dict[str, list[float]]:
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
-    """A 2-epoch tiny run, shared by the tests below."""
+    """A 2-epoch tiny run through the real command line, shared by the tests below."""
     run_dir = tmp_path_factory.mktemp("runs") / "tiny"
     result = run_cli("train", *tiny_overrides(corpus, run_dir, **{"training.log_every": 1}))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -52,11 +57,12 @@ def test_checkpoint_describes_itself(trained_run: Path) -> None:
         assert key in state
 
 
-def test_resume_continues_with_the_same_schedule(trained_run: Path, corpus: Path) -> None:
+def test_resume_continues_with_the_same_schedule(trained_run: Path, corpus: Path,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
     before = load_checkpoint(trained_run / "latest.pt")
-    result = run_cli("train", f"resume={trained_run}", "training.epochs=3")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "resumed at epoch 3" in result.stdout + result.stderr
+    with caplog.at_level("INFO"):
+        tmt.train([f"resume={trained_run}", "training.epochs=3"])
+    assert "resumed at epoch 3" in caplog.text
     after = load_checkpoint(trained_run / "latest.pt")
     assert after["epoch"] == 3
     assert after["step"] > before["step"]
@@ -64,22 +70,26 @@ def test_resume_continues_with_the_same_schedule(trained_run: Path, corpus: Path
     assert (trained_run / "epoch_003.pt").exists()
 
 
-def test_evaluate_reports_all_metrics(trained_run: Path) -> None:
-    result = run_cli("evaluate", f"checkpoint={trained_run}", "decoding.beam_size=2",
-                     "max_sentences=20", "device=cpu")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "BLEU" in result.stdout and "nrefs:1|case:mixed" in result.stdout
+def test_evaluate_reports_all_metrics(trained_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmt.evaluate([f"checkpoint={trained_run}", "decoding.beam_size=2", "max_sentences=20", "device=cpu"])
+    out = capsys.readouterr().out
+    assert "BLEU" in out and "nrefs:1|case:mixed" in out
     reports = list((trained_run / "eval").glob("test.*.beam2.json"))
     report = json.loads(reports[0].read_text())
     for key in ("bleu", "chrf", "cer", "wer", "sentences_per_s", "tokens_per_s"):
         assert key in report
 
 
-def test_translate_keeps_lines_aligned(trained_run: Path) -> None:
-    lines = "He is sleeping.\n\nI am cold, \"really\" = yes.\n"
-    result = run_cli("translate", f"checkpoint={trained_run}", "device=cpu", input=lines)
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = result.stdout.split("\n")
+def _stdin(monkeypatch: pytest.MonkeyPatch, text: bytes) -> None:
+    """A pipe on stdin (not a terminal), as in `echo ... | transformer-mt translate`."""
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text), encoding="utf-8"))
+
+
+def test_translate_keeps_lines_aligned(trained_run: Path, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    _stdin(monkeypatch, b"He is sleeping.\n\nI am cold, \"really\" = yes.\n")
+    tmt.translate([f"checkpoint={trained_run}", "device=cpu"])
+    out = capsys.readouterr().out.split("\n")
     assert len(out) == 4 and out[1] == "" and out[3] == ""
 
 
@@ -91,30 +101,51 @@ def test_translate_text_argument_is_verbatim(trained_run: Path) -> None:
     assert len(rows) == 2 and rows[0].startswith("1\t") and rows[1].startswith("2\t")
 
 
-def test_translate_rejects_non_utf8(trained_run: Path, tmp_path: Path) -> None:
+def test_translate_rejects_non_utf8(trained_run: Path, tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("Ça va?\n".encode("latin-1"))
-    result = run_cli("translate", f"checkpoint={trained_run}", f"input={bad}")
-    assert result.returncode == 2
-    assert "line 1 is not UTF-8" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    for source in ([f"input={bad}"], []):  # a file, then stdin
+        _stdin(monkeypatch, "Ça va?\n".encode("latin-1"))
+        with pytest.raises(DataError, match="line 1 is not valid UTF-8") as info:
+            tmt.translate([f"checkpoint={trained_run}", *source])
+        assert "\n" not in str(info.value)
 
 
-def test_translate_file_to_file_and_long_input(trained_run: Path, tmp_path: Path) -> None:
+def test_translate_closes_its_input_file(trained_run: Path, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tmp_path / "in.txt"
+    src.write_text("Hello.\nGoodbye.\n", encoding="utf-8")
+    opened = []
+    real_open = Path.open
+
+    def spy(self: Path, *args: object, **kwargs: object):  # noqa: ANN202 - a file object
+        handle = real_open(self, *args, **kwargs)
+        if self == src:
+            opened.append(handle)
+        return handle
+
+    monkeypatch.setattr(Path, "open", spy)
+    tmt.translate([f"checkpoint={trained_run}", f"input={src}", f"output={tmp_path / 'out.txt'}"])
+    assert len(opened) == 1 and opened[0].closed
+
+
+def test_translate_file_to_file_and_long_input(trained_run: Path, tmp_path: Path,
+                                               caplog: pytest.LogCaptureFixture) -> None:
     src = tmp_path / "in.txt"
     src.write_text("Hello.\n" + "very " * 400 + "long\n", encoding="utf-8")
     out = tmp_path / "out.txt"
-    result = run_cli("translate", f"checkpoint={trained_run}", f"input={src}", f"output={out}",
-                     "decoding.beam_size=1")
-    assert result.returncode == 0, result.stderr[-3000:]
+    tmt.translate([f"checkpoint={trained_run}", f"input={src}", f"output={out}", "decoding.beam_size=1"])
     assert len(out.read_text(encoding="utf-8").splitlines()) == 2
-    assert "were cut" in result.stderr
+    assert "were cut" in caplog.text
 
 
 def test_attention_heatmap_png(trained_run: Path, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     png = tmp_path / "attention.png"
-    result = run_cli("translate", f"checkpoint={trained_run}", "text=I am cold.", f"attention_png={png}")
-    assert result.returncode == 0, result.stderr[-3000:]
+    cfg = tmt.compose("translate", [f"checkpoint={trained_run}", f"attention_png={png}"])
+    cfg.text = "I am cold."
+    tmt.translate(cfg)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -127,7 +158,7 @@ def test_validation_logs_an_attention_image(trained_run: Path) -> None:
 
 
 def test_python_api(trained_run: Path) -> None:
-    from transformer_mt.translator import Translator
+    from transformer_mt import Translator  # the documented import
 
     engine = Translator.from_checkpoint(trained_run, device="cpu")
     single = engine.predict("He is sleeping.")
@@ -146,16 +177,16 @@ def test_corrupt_and_mismatched_checkpoints(trained_run: Path, tmp_path: Path) -
     result = run_cli("translate", f"checkpoint={truncated}", "text=Hello")
     assert result.returncode == 2 and "corrupt or truncated" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        tmt.evaluate([f"checkpoint={truncated}"])
 
 
 def test_opus_books_trains_offline_from_a_fixture(tmp_path: Path) -> None:
     fixture = Path(__file__).parent / "fixtures" / "opus_books_en_fr.jsonl"
     run_dir = tmp_path / "opus"
-    result = run_cli("train", "dataset=opus_books", "dataset.hf_path=json",
-                     f"dataset.hf_data_files={fixture}", f"dataset.cache_dir={tmp_path / 'cache'}",
-                     "model=tiny", "device=cpu", "tokenizer=char", "training.epochs=1",
-                     "training.progress=false", f"checkpoint.dir={run_dir}")
-    assert result.returncode == 0, result.stderr[-3000:]
+    tmt.train(["dataset=opus_books", "dataset.hf_path=json", f"dataset.hf_data_files={fixture}",
+               f"dataset.cache_dir={tmp_path / 'cache'}", "model=tiny", "device=cpu", "tokenizer=char",
+               "training.epochs=1", "training.progress=false", f"checkpoint.dir={run_dir}"])
     assert (run_dir / "epoch_001.pt").exists() and (run_dir / "split" / "test.tsv").exists()
 
 

@@ -7,9 +7,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from transformer_mt.config import DecodingConfig, TokenizerConfig
-from transformer_mt.model import Transformer, TransformerConfig
-from transformer_mt.tokenizer import PAD_ID, train_tokenizers
+from transformer_mt.checkpoint import build_model
+from transformer_mt.config import DecodingConfig, ModelConfig, TokenizerConfig
+from transformer_mt.tokenizer import train_tokenizers
 from transformer_mt.translator import Translator
 
 SENTENCES = ["He is sleeping.", "I am cold.", "Where is the station?", "Il dort.", "J'ai froid.",
@@ -21,10 +21,8 @@ def engine() -> Translator:
     torch.manual_seed(0)
     vocab = train_tokenizers(TokenizerConfig(kind="bpe", vocab_size=300, min_frequency=1),
                              SENTENCES, SENTENCES)
-    model = Transformer(TransformerConfig(src_vocab_size=vocab.src_vocab_size,
-                                          tgt_vocab_size=vocab.tgt_vocab_size, pad_id=PAD_ID,
-                                          d_model=32, n_heads=2, d_ff=64, encoder_layers=1,
-                                          decoder_layers=1, max_positions=64))
+    model = build_model(ModelConfig(d_model=32, n_heads=2, d_ff=64, encoder_layers=1, decoder_layers=1,
+                                    max_positions=64), vocab)
     decoding = DecodingConfig(beam_size=2, max_len_a=0.0, max_len_b=5)
     return Translator(model, vocab, torch.device("cpu"), decoding)
 

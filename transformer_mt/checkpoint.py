@@ -1,25 +1,28 @@
 """Checkpoint files: atomic writes, safe loads, and finding the right file in a run directory.
 
 A checkpoint describes itself (model config, run config, tokenizer, optimizer, scheduler, RNG state,
-position in training), so evaluate, translate and resume need nothing else. Files are written to a
-temporary name, fsynced and renamed, so a crash never leaves a half-written checkpoint behind.
+position in training), so evaluate, translate and resume need nothing else: `build_model` is the one
+place where a model meets its tokenizer. Files are written atomically (`runtime.atomic_write`) and
+loaded with `weights_only=True`, so a checkpoint carrying code is refused, not run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
 import re
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from transformer_mt.model import Transformer, TransformerConfig
-from transformer_mt.tokenizer import Vocabulary
+from transformer_mt.config import CheckpointError, ModelConfig
+from transformer_mt.model import Transformer
+from transformer_mt.runtime import atomic_write
+from transformer_mt.tokenizer import PAD_ID, Vocabulary
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
@@ -27,30 +30,6 @@ BEST = "best.pt"
 LATEST = "latest.pt"
 _NUMBERED_FILE = re.compile(r"^(epoch|step)_(\d+)\.pt$")
 _REQUIRED = ("format_version", "model_config", "model", "tokenizer", "config")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, corrupt, unsafe or does not fit the current run."""
-
-
-def atomic_write(path: Path, write: Any) -> None:
-    """Call `write(file)` on a temporary file beside `path`, fsync it, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:
@@ -67,6 +46,21 @@ def link_checkpoint(source: Path, alias: Path) -> None:
         os.replace(tmp, alias)
     except OSError:
         atomic_write(alias, lambda f: f.write(source.read_bytes()))
+
+
+def keep_checkpoint(state: dict[str, Any], run_dir: Path, name: str | None, keep_last: int,
+                    best: bool) -> Path:
+    """Write a training checkpoint: a numbered one (`name`, e.g. epoch_003.pt: linked as latest.pt, and
+    only the newest keep_last numbered ones are kept) or, without a name, latest.pt itself; linked as
+    best.pt when best. Returns the file written."""
+    path = run_dir / (name or LATEST)
+    save_checkpoint(state, path)
+    if name:
+        link_checkpoint(path, run_dir / LATEST)
+        prune_checkpoints(run_dir, keep_last)
+    if best:
+        link_checkpoint(path, run_dir / BEST)
+    return path
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -171,20 +165,54 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     return result
 
 
+def build_model(cfg: ModelConfig, vocab: Vocabulary) -> Transformer:
+    """A new model for a tokenizer: the one place its vocabulary sizes and pad id are filled in."""
+    return Transformer(cfg, vocab.src_vocab_size, vocab.tgt_vocab_size, PAD_ID)
+
+
+def model_spec(model: Transformer) -> dict[str, Any]:
+    """What a checkpoint records as `model_config`: the hyper-parameters, vocabulary sizes and pad id."""
+    return {"src_vocab_size": model.src_vocab_size, "tgt_vocab_size": model.tgt_vocab_size,
+            "pad_id": model.pad_id, **dataclasses.asdict(model.config)}
+
+
+def check_resumable(state: dict[str, Any], model: Transformer, world_size: int) -> None:
+    """Training can continue from a checkpoint of the same model (every setting that differs is named),
+    with its optimizer state, and mid-epoch only with as many processes as dealt that epoch's batches."""
+    expected = model_spec(model)
+    diff = [f"model.{k}: checkpoint {state['model_config'].get(k)!r} vs config {v!r}"
+            for k, v in expected.items() if state["model_config"].get(k) != v]
+    if diff:
+        raise CheckpointError(f"cannot resume: the checkpoint's model differs from the config "
+                              f"({'; '.join(diff)}); drop those overrides")
+    if "optimizer" not in state:
+        raise CheckpointError("cannot resume from an averaged (inference-only) checkpoint; "
+                              "resume from the run directory or its latest.pt")
+    saved_world = state.get("world_size", 1)  # checkpoints from before DDP: one process
+    if state["batch_in_epoch"] and saved_world != world_size:
+        raise CheckpointError(
+            f"cannot resume mid-epoch with {world_size} processes: the checkpoint was written by "
+            f"{saved_world}, which dealt the epoch's batches differently; resume with {saved_world} "
+            "processes, or from an epoch checkpoint (epoch_NNN.pt)")
+
+
 def model_from_checkpoint(path: str | Path) -> tuple[Path, dict[str, Any], Transformer, Vocabulary]:
     """(file, state, model in eval mode, tokenizer) rebuilt from a checkpoint file or run directory."""
     file = resolve_checkpoint(path)
     state = load_checkpoint(file)
+    spec = dict(state["model_config"])
     try:
-        model = Transformer(TransformerConfig(**state["model_config"]))
-        model.load_state_dict(state["model"])
         vocab = Vocabulary.from_json(state["tokenizer"])
+        if (spec.pop("src_vocab_size"), spec.pop("tgt_vocab_size"), spec.pop("pad_id")) != (
+                vocab.src_vocab_size, vocab.tgt_vocab_size, PAD_ID):
+            raise CheckpointError(f"checkpoint {file}: the tokenizer's vocabulary does not fit the "
+                                  "model's embeddings; it was assembled from different runs")
+        model = build_model(ModelConfig(**spec), vocab)
+        model.load_state_dict(state["model"])
     except (TypeError, RuntimeError, ValueError, KeyError) as ex:
+        if isinstance(ex, CheckpointError):
+            raise
         first = str(ex).strip().splitlines()[0][:200]
         raise CheckpointError(f"checkpoint {file} does not match this version's model or "
                               f"tokenizer ({first})") from ex
-    if (vocab.src_vocab_size, vocab.tgt_vocab_size) != (model.config.src_vocab_size,
-                                                        model.config.tgt_vocab_size):
-        raise CheckpointError(f"checkpoint {file}: the tokenizer's vocabulary does not fit the "
-                              "model's embeddings; it was assembled from different runs")
     return file, state, model.eval(), vocab

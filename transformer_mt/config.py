@@ -1,8 +1,11 @@
-"""Typed configuration schemas: what every setting is, who owns it, and which values are allowed.
+"""Typed configuration: what every setting is, and its default.
 
-Hydra composes YAML from `configs/` on top of these dataclasses (registered in the ConfigStore), so a
-misspelt key or a wrong type fails during composition. `validate` adds the checks a type cannot
-express (ranges, choices, cross-field rules) and reports every problem at once, one line each.
+Hydra composes YAML from `configs/` on top of these dataclasses (registered in the ConfigStore by
+`composition.register`), so a misspelt key or a wrong type fails during composition, and a YAML file
+states only what differs from them. Which values a setting allows is in `rules.py`; `validate` applies
+those rules and reports every problem at once. A section can also check itself
+(`ModelConfig(...).check()`), which is how the model, the tokenizer and the search give Python callers
+the same messages as the command line.
 """
 
 from __future__ import annotations
@@ -11,22 +14,36 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from transformer_mt.errors import CheckpointError, ConfigError, DataError, TrainingError, UserError
+from transformer_mt.rules import raise_if, section_problems
+
+__all__ = ["CheckpointError", "ConfigError", "DataError", "TrainingError", "UserError"]  # one family
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
-class ConfigError(ValueError):
-    """A configuration problem a user can fix; its message is one line per problem."""
+class Section:
+    """A config section that knows its key (`model`, `decoding`, ...) and can check its own values."""
+
+    KEY: ClassVar[str]
+
+    def problems(self) -> list[str]:
+        """Every rule of `rules.py` that this section breaks, one message each."""
+        return section_problems(self, f"{self.KEY}.")
+
+    def check(self) -> None:
+        """Raise ConfigError listing every problem of this section."""
+        raise_if(self.problems())
 
 
 @dataclass
-class DatasetConfig:
+class DatasetConfig(Section):
     """Where the parallel text comes from, how it is filtered and how it is split."""
 
+    KEY: ClassVar[str] = "dataset"
     name: str = "tatoeba"  # tatoeba | opus_books
     path: str = "data/fra-eng.zip"  # tatoeba: fra.txt or the zip holding it
     url: str | None = "https://www.manythings.org/anki/fra-eng.zip"  # fetched once if path missing
@@ -45,9 +62,10 @@ class DatasetConfig:
 
 
 @dataclass
-class TokenizerConfig:
+class TokenizerConfig(Section):
     """Subword model trained on the training split only; saved as JSON with the run."""
 
+    KEY: ClassVar[str] = "tokenizer"
     kind: str = "bpe"  # bpe (byte-level) | wordlevel | char
     vocab_size: int = 8000
     joint: bool = True  # one vocabulary for both languages (required for tied embeddings)
@@ -56,29 +74,35 @@ class TokenizerConfig:
 
 
 @dataclass
-class ModelConfig:
-    """Transformer dimensions; vocabulary sizes and pad id come from the tokenizer."""
+class ModelConfig(Section):
+    """The Transformer's hyper-parameters; its vocabulary sizes and pad id come from the tokenizer.
 
+    The defaults are the `small` model: 7.6M parameters with a joint 8k vocabulary.
+    """
+
+    KEY: ClassVar[str] = "model"
     d_model: int = 256
     n_heads: int = 4
     d_ff: int = 1024
     encoder_layers: int = 3
     decoder_layers: int = 3
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
+    dropout: float = 0.1  # sub-layer outputs and the embeddings+positions sum (the paper's P_drop)
+    attention_dropout: float = 0.0  # on attention probabilities
+    activation_dropout: float = 0.0  # inside the FFN, after the activation
     activation: str = "relu"  # relu | gelu
-    norm_first: bool = False  # False: post-norm as in the paper; True: pre-norm
+    norm_first: bool = False  # False: post-norm as in the paper; True: pre-norm + final LayerNorms
     positional: str = "sinusoidal"  # sinusoidal | learned
     max_positions: int = 512
     tie_embeddings: bool = True  # source/target embeddings and output projection share weights
     tie_output: bool = True  # target embedding and output projection (when not fully tied)
+    layer_norm_eps: float = 1e-5
 
 
 @dataclass
-class DeviceConfig:
+class DeviceConfig(Section):
     """Where tensors live and how many CPU threads torch may use."""
 
+    KEY: ClassVar[str] = "device"
     name: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | mps
     num_threads: int | None = None  # torch.set_num_threads; null = torch default
     num_interop_threads: int | None = None
@@ -89,9 +113,10 @@ class DeviceConfig:
 
 
 @dataclass
-class TrainingConfig:
+class TrainingConfig(Section):
     """The optimisation recipe and the training loop's schedule."""
 
+    KEY: ClassVar[str] = "training"
     epochs: int = 10
     batch_tokens: int = 4096  # padded source or target tokens per batch, whichever is larger
     accumulate: int = 1  # gradient accumulation steps per optimizer step
@@ -108,44 +133,51 @@ class TrainingConfig:
     clip_grad_norm: float = 1.0  # 0 disables clipping
     log_every: int = 50  # steps between TensorBoard scalars
     valid_max_sentences: int = 500  # validation decoding cap (loss uses the whole valid split)
-    valid_beam_size: int = 1
     valid_every_steps: int = 0  # also validate (and keep a checkpoint) every N steps; 0 = each epoch only
     best_metric: str = "bleu"  # bleu | chrf | loss | cer | wer
-    patience: int = 0  # epochs without improvement before stopping; 0 = never stop early
+    patience: int = 0  # validations without improvement before stopping; 0 = never stop early
     keep_last: int = 3  # epoch/step checkpoints kept besides best
     average_last: int = 0  # at the end, average the last K checkpoints; kept if valid BLEU does not drop
     max_minutes: float | None = None  # wall-clock budget for training
     save_every_steps: int = 0  # mid-epoch checkpoint every N steps; 0 = only at epoch end
     max_bad_steps: int = 5  # consecutive non-finite losses (skipped steps) before the run stops
     min_free_mib: int = 200  # refuse to start when the run directory's disk has less free space
-    num_samples: int = 5  # sample translations logged every epoch
+    num_samples: int = 5  # sample translations logged every validation
     progress: bool = True  # tqdm progress bar
 
 
 @dataclass
-class CheckpointConfig:
-    """Where this run's checkpoints go."""
+class CheckpointConfig(Section):
+    """Where this run's files go: checkpoint.dir when given, else a new directory under root."""
 
+    KEY: ClassVar[str] = "checkpoint"
     root: str = "saved_weights"
-    dir: str | None = None  # null: <root>/<run_name>
+    dir: str | None = None  # null: <root>/<run_name>, or <sweep dir>/<job number> in a multirun
     run_name: str | None = None  # null: <dataset>-<src>-<tgt>-<timestamp>
 
 
 @dataclass
-class DecodingConfig:
-    """How hypotheses are searched for; shared by validation, evaluate and translate."""
+class SearchConfig(Section):
+    """How hypotheses are searched for: what validation during `train` uses (greedy by default)."""
 
+    KEY: ClassVar[str] = "decoding"
     beam_size: int = 5  # 1 = greedy
     length_penalty: float = 0.6  # GNMT alpha
     max_len_a: float = 1.5  # max output length = a * source length + b
     max_len_b: int = 10
+    batch_tokens: int = 6000  # source tokens per decoding batch
+    use_cache: bool = True
+
+
+@dataclass
+class DecodingConfig(SearchConfig):
+    """The search plus what only `evaluate` and `translate` offer: n-best lists and sampling."""
+
     n_best: int = 1
     sampling: bool = False
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
-    batch_tokens: int = 6000  # source tokens per decoding batch
-    use_cache: bool = True
 
 
 @dataclass
@@ -158,10 +190,10 @@ class TrainConfig:
     device: DeviceConfig = field(default_factory=DeviceConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    decoding: DecodingConfig = field(default_factory=lambda: DecodingConfig(beam_size=1))
+    decoding: SearchConfig = field(default_factory=lambda: SearchConfig(beam_size=1))  # validation's
     seed: int = 1
     resume: str | None = None  # checkpoint file or directory to continue from
-    debug: bool = False  # full tracebacks instead of one-line errors
+    traceback: bool = False  # full tracebacks instead of one-line errors
 
 
 @dataclass
@@ -176,9 +208,9 @@ class EvaluateConfig:
     ref_file: str | None = None
     tsv_file: str | None = None  # ... or one TSV (source<TAB>reference)
     max_sentences: int | None = None
-    output_dir: str | None = None  # null: next to the checkpoint
+    output_dir: str | None = None  # null: <run dir>/eval
     seed: int = 1
-    debug: bool = False
+    traceback: bool = False
 
 
 @dataclass
@@ -195,7 +227,7 @@ class TranslateConfig:
     attention_png: str | None = None  # write a cross-attention heatmap of the first sentence
     max_input_tokens: int | None = None  # null: the model's positional limit
     seed: int = 1
-    debug: bool = False
+    traceback: bool = False
     engine: str = "pytorch"  # pytorch | ctranslate2 (an `export`ed model_dir; the ct2 extra)
     model_dir: str | None = None  # engine=ctranslate2: the exported model directory
     ct2_exact: bool = True  # engine=ctranslate2: reproduce PyTorch search exactly; false = faster
@@ -209,34 +241,26 @@ class ExportConfig:
     format: str = "ctranslate2"
     quantization: str = "int8"  # int8 | int8_float32 | float32 | float16 ...
     output_dir: str | None = None  # null: <run dir>/ct2-<quantization>
-    debug: bool = False
+    traceback: bool = False
 
 
 SCHEMAS: dict[str, type] = {"train": TrainConfig, "evaluate": EvaluateConfig, "translate": TranslateConfig,
                             "export": ExportConfig}
 
-CHOICES: dict[str, tuple[str, ...]] = {
-    "dataset.name": ("tatoeba", "opus_books"),
-    "tokenizer.kind": ("bpe", "wordlevel", "char"),
-    "model.activation": ("relu", "gelu"),
-    "model.positional": ("sinusoidal", "learned"),
-    "device.name": ("auto", "cpu", "cuda", "mps"),
-    "device.amp": ("auto", "off", "bf16", "fp16"),
-    "training.scheduler": ("noam", "linear", "cosine", "constant"),
-    "training.best_metric": ("bleu", "chrf", "loss", "cer", "wer"),
-    "split": ("test", "valid"),
-    "engine": ("pytorch", "ctranslate2"),
-    "format": ("ctranslate2",),
-    "quantization": ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
-                     "bfloat16", "float32"),
+# Keys that were renamed: the old name fails with one line that names the new one.
+RENAMED = {
+    "training.valid_beam_size": "decoding.beam_size (validation's search during train)",
+    "debug": "traceback (debug=<name> picks a debug config: configs/debug/)",
 }
 
 
-def register_schemas() -> None:
-    """Make the schemas available to YAML defaults lists as `<command>_schema`."""
-    store = ConfigStore.instance()
-    for command, schema in SCHEMAS.items():
-        store.store(name=f"{command}_schema", node=schema)
+def validate(cfg: Any) -> None:
+    """Raise ConfigError listing every impossible value of a command's typed config."""
+    raise_if(section_problems(cfg))
+
+
+# ----------------------------------------------------------------------------------------------
+# From Hydra's DictConfig to the typed tree.
 
 
 def _unknown_keys(node: Any, schema: type, prefix: str = "") -> list[str]:
@@ -244,116 +268,25 @@ def _unknown_keys(node: Any, schema: type, prefix: str = "") -> list[str]:
     types = typing.get_type_hints(schema)
     found = []
     for key in node:
-        if key not in types:
+        if key not in types or typing.get_origin(types[key]) is ClassVar:
             found.append(f"{prefix}{key}")
         elif dataclasses.is_dataclass(types[key]) and isinstance(node[key], DictConfig):
             found += _unknown_keys(node[key], types[key], f"{prefix}{key}.")
     return found
 
 
+def unknown_key_message(key: str) -> str:
+    """What to say about a key the schema lacks: its new name if it was renamed, else a spelling hint."""
+    if key in RENAMED:
+        return f"'{key}' was renamed: use {RENAMED[key]}"
+    return f"'{key}' is not a known key; check the spelling (`--cfg job` lists every key)"
+
+
 def to_dataclass(cfg: DictConfig, schema: type) -> Any:
     """Turn a composed config into the typed dataclass tree; unknown keys raise ConfigError."""
     cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
-    unknown = _unknown_keys(cfg, schema)
-    if unknown:
-        raise ConfigError("; ".join(f"'{k}' is not a known key; check the spelling "
-                                    "(`--cfg job` lists every key)" for k in unknown))
-    structured = OmegaConf.merge(OmegaConf.structured(schema), cfg)
-    return OmegaConf.to_object(structured)
-
-
-def _problems(obj: Any, prefix: str = "") -> list[str]:
-    """Range and choice checks that types cannot express, one message per problem."""
-    found: list[str] = []
-    for f in dataclasses.fields(obj):
-        key = f"{prefix}{f.name}"
-        value = getattr(obj, f.name)
-        if dataclasses.is_dataclass(value):
-            found += _problems(value, f"{key}.")
-        elif key in CHOICES and value not in CHOICES[key]:
-            found.append(f"{key}={value!r} is not allowed; choose one of: {', '.join(CHOICES[key])}")
-    return found
-
-
-def _range(found: list[str], key: str, value: Any, ok: bool, allowed: str) -> None:
-    if not ok:
-        found.append(f"{key}={value!r} is out of range; it must be {allowed}")
-
-
-def validate(cfg: Any) -> None:
-    """Raise ConfigError listing every impossible value in a typed config."""
-    found = _problems(cfg)
-    if isinstance(cfg, TrainConfig):
-        m, t, d, tok = cfg.model, cfg.training, cfg.dataset, cfg.tokenizer
-        for name in ("d_model", "n_heads", "d_ff", "encoder_layers", "decoder_layers", "max_positions"):
-            _range(found, f"model.{name}", getattr(m, name), getattr(m, name) >= 1, ">= 1")
-        if m.n_heads >= 1 and m.d_model % m.n_heads:
-            found.append(
-                f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}; "
-                f"pick d_model a multiple of n_heads (e.g. {m.n_heads * max(1, m.d_model // m.n_heads)})"
-            )
-        if m.positional == "sinusoidal" and m.d_model % 2:
-            found.append(f"model.d_model={m.d_model} must be even for sinusoidal positions")
-        for name in ("dropout", "attention_dropout", "activation_dropout"):
-            value = getattr(m, name)
-            _range(found, f"model.{name}", value, 0.0 <= value < 1.0, "in [0, 1)")
-        if m.tie_embeddings and not tok.joint:
-            found.append("model.tie_embeddings=true needs tokenizer.joint=true; set one of them to false")
-        _range(found, "training.epochs", t.epochs, t.epochs >= 1, ">= 1")
-        _range(found, "training.batch_tokens", t.batch_tokens, t.batch_tokens >= 16, ">= 16")
-        _range(found, "training.accumulate", t.accumulate, t.accumulate >= 1, ">= 1")
-        _range(found, "training.lr", t.lr, t.lr > 0, "> 0")
-        _range(found, "training.warmup_steps", t.warmup_steps, t.warmup_steps >= 0, ">= 0")
-        _range(found, "training.label_smoothing", t.label_smoothing,
-               0.0 <= t.label_smoothing < 1.0, "in [0, 1)")
-        _range(found, "training.clip_grad_norm", t.clip_grad_norm, t.clip_grad_norm >= 0, ">= 0")
-        _range(found, "training.log_every", t.log_every, t.log_every >= 1, ">= 1")
-        _range(found, "training.valid_max_sentences", t.valid_max_sentences,
-               t.valid_max_sentences >= 1, ">= 1")
-        _range(found, "training.keep_last", t.keep_last, t.keep_last >= 1, ">= 1")
-        _range(found, "training.patience", t.patience, t.patience >= 0, ">= 0")
-        _range(found, "training.save_every_steps", t.save_every_steps, t.save_every_steps >= 0, ">= 0")
-        _range(found, "training.valid_every_steps", t.valid_every_steps, t.valid_every_steps >= 0, ">= 0")
-        _range(found, "training.average_last", t.average_last, 0 <= t.average_last <= t.keep_last,
-               f"between 0 and training.keep_last ({t.keep_last}), since only kept checkpoints average")
-        _range(found, "training.max_bad_steps", t.max_bad_steps, t.max_bad_steps >= 1, ">= 1")
-        if t.max_minutes is not None:
-            _range(found, "training.max_minutes", t.max_minutes, t.max_minutes > 0, "> 0 or null")
-        if len(t.betas) != 2 or not all(0.0 <= b < 1.0 for b in t.betas):
-            found.append(f"training.betas={t.betas} must be two numbers in [0, 1)")
-        if d.max_pairs is not None:
-            _range(found, "dataset.max_pairs", d.max_pairs, d.max_pairs >= 10, ">= 10 or null")
-        _range(found, "dataset.min_len", d.min_len, d.min_len >= 0, ">= 0")
-        _range(found, "dataset.max_len", d.max_len, d.max_len >= max(1, d.min_len),
-               f">= dataset.min_len ({d.min_len}) and >= 1")
-        if d.max_len + 2 > m.max_positions:
-            found.append(f"dataset.max_len={d.max_len} needs model.max_positions >= {d.max_len + 2}")
-        _range(found, "dataset.valid_size", d.valid_size, d.valid_size >= 1, ">= 1")
-        _range(found, "dataset.test_size", d.test_size, d.test_size >= 0, ">= 0")
-        if d.src_lang == d.tgt_lang:
-            found.append(f"dataset.src_lang and dataset.tgt_lang are both {d.src_lang!r}; pick en/fr")
-        minimum = 260 if tok.kind == "bpe" else 5  # 4 specials, plus the 256 bytes for byte-level BPE
-        _range(found, "tokenizer.vocab_size", tok.vocab_size, tok.vocab_size >= minimum,
-               f">= {minimum} for tokenizer={tok.kind} (4 special tokens"
-               f"{' + 256 bytes' if tok.kind == 'bpe' else ' + 1 symbol'})")
-        _range(found, "tokenizer.min_frequency", tok.min_frequency, tok.min_frequency >= 1, ">= 1")
-    decoding = getattr(cfg, "decoding", None)
-    if decoding is not None:
-        dc = decoding
-        _range(found, "decoding.beam_size", dc.beam_size, dc.beam_size >= 1, ">= 1")
-        _range(found, "decoding.n_best", dc.n_best, 1 <= dc.n_best <= dc.beam_size,
-               f"between 1 and decoding.beam_size ({dc.beam_size})")
-        _range(found, "decoding.max_len_a", dc.max_len_a, dc.max_len_a >= 0, ">= 0")
-        _range(found, "decoding.max_len_b", dc.max_len_b, dc.max_len_b >= 1, ">= 1")
-        _range(found, "decoding.temperature", dc.temperature, dc.temperature > 0, "> 0")
-        _range(found, "decoding.top_k", dc.top_k, dc.top_k >= 0, ">= 0")
-        _range(found, "decoding.top_p", dc.top_p, 0 < dc.top_p <= 1, "in (0, 1]")
-        _range(found, "decoding.batch_tokens", dc.batch_tokens, dc.batch_tokens >= 1, ">= 1")
-    device = getattr(cfg, "device", None)
-    if device is not None and device.num_threads is not None:
-        _range(found, "device.num_threads", device.num_threads, device.num_threads >= 1, ">= 1 or null")
-    if found:
-        raise ConfigError("; ".join(found))
+    raise_if([unknown_key_message(k) for k in _unknown_keys(cfg, schema)])
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
 
 
 def resolve_path(path: str | Path) -> Path:

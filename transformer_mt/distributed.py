@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -129,18 +128,6 @@ def set_grad_sync(model: torch.nn.Module, enabled: bool) -> None:
         model.require_backward_grad_sync = enabled
 
 
-def step_tokens(batches: Sequence[Sequence[int]], tgt_lens: Sequence[int], group: int) -> list[int]:
-    """Target tokens (each target plus its <eos>) in each run of `group` consecutive batches.
-
-    TokenBatchSampler deals rank r the batches r, r + W, r + 2W, ... of one list, so an optimizer step
-    of `accumulate` micro-batches on each of W ranks covers `accumulate * W` consecutive batches of
-    it: every rank computes the same totals without communicating.
-    """
-    lens = np.asarray(tgt_lens, dtype=np.int64)
-    sizes = [int(lens[list(b)].sum()) + len(b) for b in batches]
-    return [sum(sizes[i:i + group]) for i in range(0, len(sizes), group)]
-
-
 def _all_reduce(values: Sequence[float], op: dist.ReduceOp.RedOpType) -> list[float]:
     tensor = torch.tensor(list(values), dtype=torch.float64)  # CPU: gloo, whatever the model's device
     dist.all_reduce(tensor, op=op)
@@ -150,13 +137,6 @@ def _all_reduce(values: Sequence[float], op: dist.ReduceOp.RedOpType) -> list[fl
 def all_sum(values: Sequence[float], world: World) -> list[float]:
     """Element-wise sums over the ranks."""
     return _all_reduce(values, dist.ReduceOp.SUM) if world.distributed else list(values)
-
-
-def any_rank(flags: Sequence[bool], world: World) -> list[bool]:
-    """Element-wise: is the flag set on any rank? Stop decisions must be the same everywhere."""
-    if not world.distributed:
-        return list(flags)
-    return [value > 0 for value in _all_reduce([float(f) for f in flags], dist.ReduceOp.MAX)]
 
 
 def all_max(values: Sequence[float], world: World) -> list[float]:
@@ -175,7 +155,3 @@ def from_main(value: T, world: World) -> T:
     return box[0]
 
 
-def barrier(world: World) -> None:
-    """Wait for every rank (through gloo on CPU tensors, which works beside any GPU backend)."""
-    if world.distributed:
-        _all_reduce([0.0], dist.ReduceOp.SUM)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import jiwer
@@ -53,3 +54,15 @@ def score(hypotheses: list[str], references: list[str]) -> Scores:
 
 
 HIGHER_IS_BETTER = {"bleu": True, "chrf": True, "loss": False, "cer": False, "wer": False}
+
+
+def improves(metric: str, value: float, best: float | None, ties: bool = False) -> bool:
+    """Whether a metric's value beats the best so far (or equals it, with ties=True); a non-finite
+    value never does, so a diverged model is never the best."""
+    if not math.isfinite(value):
+        return False
+    if best is None:
+        return True
+    if value == best:
+        return ties
+    return (value > best) == HIGHER_IS_BETTER[metric]

@@ -1,15 +1,30 @@
-"""Where and how tensors are computed: device choice, CPU threads, mixed precision, random state."""
+"""The process a job runs in: device, CPU threads, mixed precision, random state, signals, the training
+clock, and files.
+
+Atomic files: every file a run keeps (checkpoints, caches, exports, reports) is written to a temporary
+name beside it, fsynced and renamed, so a crash or a full disk never leaves half a file behind.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import random
-from typing import Any
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
 import torch
 
 from transformer_mt.config import ConfigError, DeviceConfig
+
+log = logging.getLogger(__name__)
 
 
 def select_device(cfg: DeviceConfig) -> torch.device:
@@ -81,3 +96,91 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class Interrupt:
+    """First SIGINT/SIGTERM: `requested` is set, so the loop finishes its step and saves; a second one
+    stops at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> Interrupt:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (e.g. some launchers): no graceful stop
+                pass
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        log.warning("interrupt received: saving a checkpoint after this step (again to quit now)")
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class TrainingClock:
+    """Seconds of training, validation and checkpointing over every session of a run: what
+    `training.max_minutes` budgets and the linear/cosine schedules follow. It moves only at `tick`, so
+    a decision taken on it and the checkpoint written after that decision see the same time."""
+
+    def __init__(self, max_minutes: float | None, seconds: float = 0.0,
+                 now: Callable[[], float] = time.perf_counter) -> None:
+        self.max_minutes, self.seconds, self._now = max_minutes, seconds, now
+        self._last = now()
+
+    def start(self) -> None:
+        """Count from now (a session's setup time is not training)."""
+        self._last = self._now()
+
+    def tick(self) -> None:
+        """Add the time since the last tick."""
+        now = self._now()
+        self.seconds += now - self._last
+        self._last = now
+
+    def used(self) -> float:
+        """The fraction of the budget spent (0 without one)."""
+        return 0.0 if self.max_minutes is None else self.seconds / (self.max_minutes * 60)
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
+    """Call `write(file)` on a temporary file beside `path`, fsync it, then rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def check_writable(run_dir: Path, min_free_mib: int) -> None:
+    """Fail before hours of training, not at the first checkpoint: the directory must take files."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write_test"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as ex:
+        raise ConfigError(f"cannot write to {run_dir} ({ex.strerror}); set checkpoint.dir= or "
+                          "checkpoint.root= to a writable place") from ex
+    free_mib = shutil.disk_usage(run_dir).free / 2**20
+    if free_mib < min_free_mib:
+        raise ConfigError(f"only {free_mib:.0f} MiB free at {run_dir}; free space or lower "
+                          f"training.min_free_mib={min_free_mib}")

@@ -1,16 +1,15 @@
-"""Comparing runs: each run's `result.json` and HParams entry, and the summary of a Hydra sweep.
+"""Comparing the runs of a sweep: the summary of their `result.json` files, as a table.
 
-Every training run writes `result.json` into its directory when it ends. At the end of a multirun,
-the `SweepSummary` callback (registered in configs/train.yaml) gathers them into `summary.csv` and
-`summary.md` at the sweep root and prints the table; `python -m transformer_mt.sweep <sweep dir>`
-rebuilds it by hand, e.g. for a sweep that stopped early. The HParams entry puts the same runs side by
-side in TensorBoard (`tensorboard --logdir <sweep dir>`).
+Every training run writes `result.json` into its directory when it ends (`records.py`). At the end of a
+multirun, the `SweepSummary` callback (registered in configs/train.yaml) gathers them into `summary.csv`
+and `summary.md` at the sweep root and prints the table; `python -m transformer_mt.sweep <sweep dir>`
+rebuilds it by hand, e.g. for a sweep that stopped early. Jobs given their own `checkpoint.dir` outside
+the sweep directory are found through the pointer each leaves in `<sweep dir>/.runs/`.
 """
 
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 import json
 import logging
@@ -20,83 +19,28 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from transformer_mt.records import RESULT
+
 log = logging.getLogger(__name__)
-RESULT = "result.json"
-# The settings that usually explain a difference between runs; swept keys are added to them.
-HPARAMS = ("model.d_model", "model.n_heads", "model.d_ff", "model.encoder_layers", "model.decoder_layers",
-           "model.dropout", "tokenizer.kind", "tokenizer.vocab_size", "training.lr", "training.scheduler",
-           "training.warmup_steps", "training.batch_tokens", "training.accumulate",
-           "training.label_smoothing", "training.epochs", "dataset.max_pairs", "seed")
+POINTERS = ".runs"  # <sweep dir>/.runs/<job number>: the directory of a job that lies elsewhere
 COLUMNS = ("job", "overrides", "best_bleu", "best_chrf", "epochs", "wall_seconds", "tgt_tokens_per_s",
            "checkpoint")
 HEADERS = ("job", "overrides", "best BLEU", "best chrF", "epochs", "wall time (s)", "tgt tokens/s",
            "checkpoint")
 
 
-def best_scores(run_dir: Path) -> dict[str, float]:
-    """The best BLEU and chrF, and the lowest validation loss, over the run's validations so far."""
-    path = run_dir / "metrics.jsonl"
-    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
-               if line.strip()] if path.is_file() else []
-    if not records:
-        return {"bleu": math.nan, "chrf": math.nan, "valid_loss": math.nan}
-    return {"bleu": max(r["bleu"] for r in records), "chrf": max(r["chrf"] for r in records),
-            "valid_loss": min(r["valid_loss"] for r in records)}
-
-
-def _override_key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
-def _lookup(cfg: Any, key: str) -> Any:
-    value = cfg
-    for part in key.split("."):
-        value = getattr(value, part)
-    return value
-
-
-def hparams(cfg: Any, overrides: list[str], world_size: int) -> dict[str, bool | int | float | str]:
-    """Hyperparameters to show in TensorBoard: the usual suspects plus every overridden key.
-
-    A group choice such as `model=tiny` is shown by its name; TensorBoard takes only numbers,
-    strings and booleans, so anything else (None, lists) is shown as text.
-    """
-    values: dict[str, Any] = {key: _lookup(cfg, key) for key in HPARAMS}
-    for override in overrides:
-        key = _override_key(override)
-        if key.startswith("hydra.") or key in ("resume", "debug") or key.startswith("checkpoint."):
-            continue
-        try:
-            value = _lookup(cfg, key)
-        except AttributeError:
-            value = override.split("=", 1)[1]
-        values[key] = override.split("=", 1)[1] if dataclasses.is_dataclass(value) else value
-    values["world_size"] = world_size
-    return {k: v if isinstance(v, (bool, int, float, str)) else "null" if v is None else str(v)
-            for k, v in values.items()}
-
-
-def log_hparams(writer: Any, params: dict[str, Any], scores: dict[str, float], step: int) -> None:
-    """Add the run to TensorBoard's HParams tab, with its best scores as the metrics.
-
-    `run_name="."` keeps the entry in the run's own directory, so that every run of a sweep is one row.
-    """
-    metrics = {f"best/{name}": value for name, value in scores.items() if math.isfinite(value)}
-    writer.add_hparams(params, metrics, run_name=".", global_step=step)
-
-
-def write_result(run_dir: Path, result: dict[str, Any]) -> Path:
-    """Write the run's result.json (what the sweep summary reads)."""
-    path = run_dir / RESULT
-    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    return path
-
-
 def collect(sweep_dir: Path) -> list[dict[str, Any]]:
-    """The results of the sweep's runs, by job number."""
-    results = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(sweep_dir.rglob(RESULT))]
+    """The results of the sweep's runs, by job number: inside the sweep directory, and elsewhere."""
+    found = {p.resolve() for p in sweep_dir.rglob(RESULT)}
+    pointers = sweep_dir / POINTERS
+    for pointer in sorted(pointers.iterdir()) if pointers.is_dir() else []:
+        path = Path(pointer.read_text(encoding="utf-8").strip()) / RESULT
+        if path.is_file():
+            found.add(path.resolve())
+    results = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(found)]
     return sorted(results, key=lambda r: (r["job"] is None, r["job"] or 0))
 
 
@@ -163,6 +107,17 @@ def write_summary(sweep_dir: Path) -> str:
 
 class SweepSummary(Callback):
     """Hydra callback: when a multirun ends, write and print the summary of its runs."""
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        """A job whose directory lies outside the sweep's (its own checkpoint.dir) leaves a pointer.
+        This runs in the job's own process, whichever launcher started it."""
+        hydra = config.hydra
+        if hydra.mode != RunMode.MULTIRUN:
+            return
+        sweep_dir, run_dir = Path(hydra.sweep.dir).resolve(), Path(hydra.runtime.output_dir).resolve()
+        if not run_dir.is_relative_to(sweep_dir):
+            (sweep_dir / POINTERS).mkdir(parents=True, exist_ok=True)
+            (sweep_dir / POINTERS / str(hydra.job.num)).write_text(str(run_dir) + "\n", encoding="utf-8")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)

@@ -24,28 +24,18 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from transformer_mt import rules
 from transformer_mt.config import ConfigError, TokenizerConfig
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS: list[str] = [PAD, BOS, EOS, UNK]
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
-KINDS = ("bpe", "wordlevel", "char")
-BYTE_ALPHABET_SIZE = 256
 SPACE_MARK = "▁"  # U+2581, how word-initial spaces are shown (and stored, for wordlevel)
+assert len(SPECIAL_TOKENS) == rules.SPECIAL_TOKENS  # what rules.min_vocab_size counts
 
 JOINT_FILE = "tokenizer.json"
 SRC_FILE = "tokenizer_src.json"
 TGT_FILE = "tokenizer_tgt.json"
-
-def min_vocab_size(kind: str) -> int:
-    """Smallest vocab_size a kind can be trained with (special tokens, plus bytes for bpe)."""
-    base = len(SPECIAL_TOKENS)
-    return base + BYTE_ALPHABET_SIZE if kind == "bpe" else base + 1
-
-
-def _kind_error(kind: str) -> ConfigError:
-    """The one-line error for an unknown tokenizer kind."""
-    return ConfigError(f"tokenizer.kind={kind!r} is not allowed; choose one of: {', '.join(KINDS)}")
 
 
 def _normalizer(lowercase: bool) -> normalizers.Normalizer:
@@ -78,7 +68,7 @@ def _new_tokenizer(kind: str, lowercase: bool) -> Tokenizer:
         tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
         tok.decoder = decoders.Fuse()  # concatenate; the default decoder would join with spaces
     else:
-        raise _kind_error(kind)
+        raise ValueError(f"unknown tokenizer kind {kind!r}")
     tok.normalizer = _normalizer(lowercase)
     tok.encode_special_tokens = True
     return tok
@@ -238,15 +228,7 @@ def _decode(tok: Tokenizer, ids: Sequence[Sequence[int]]) -> list[str]:
 def train_tokenizers(cfg: TokenizerConfig, src_texts: Sequence[str],
                      tgt_texts: Sequence[str]) -> Vocabulary:
     """Train the vocabulary on the training split (one tokenizer on both sides when joint)."""
-    if cfg.kind not in KINDS:
-        raise _kind_error(cfg.kind)
-    minimum = min_vocab_size(cfg.kind)
-    if cfg.vocab_size < minimum:
-        why = "4 special tokens + 256 bytes" if cfg.kind == "bpe" else "4 special tokens + 1"
-        raise ConfigError(f"tokenizer.vocab_size={cfg.vocab_size} is too small for "
-                          f"kind={cfg.kind}; use at least {minimum} ({why})")
-    if cfg.min_frequency < 1:
-        raise ConfigError(f"tokenizer.min_frequency={cfg.min_frequency} must be >= 1")
+    cfg.check()
     if cfg.joint:
         src = tgt = _train_one(cfg, [*src_texts, *tgt_texts])
     else:

@@ -1,4 +1,4 @@
-"""The Python API: load a checkpoint once, translate many sentences.
+"""The one decoding path, and the Python API on top of it: load a checkpoint once, translate many sentences.
 
     >>> from transformer_mt import Translator
     >>> engine = Translator.from_checkpoint("saved_weights/<run>", device="auto")
@@ -6,13 +6,16 @@
     'Il dort.'
     >>> engine.translate(["I am cold.", "Where is the station?"], beam_size=5)
 
-`evaluate` and `translate` use this same object, so what a notebook gets is what the CLI prints.
+`decode_ids` decodes token ids in length-sorted batches and returns hypotheses in input order; which
+search runs (greedy, beam, sampling) is decided by a `DecodingConfig`. Validation during training,
+`evaluate` and `translate` all decode through it, so what a notebook gets is what the CLI prints.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,13 +23,50 @@ from typing import Any
 import torch
 
 from transformer_mt.checkpoint import model_from_checkpoint
-from transformer_mt.config import DecodingConfig, DeviceConfig, validate
+from transformer_mt.config import DecodingConfig, DeviceConfig
+from transformer_mt.data import length_sorted_batches, pad_sources
 from transformer_mt.model import Transformer
-from transformer_mt.predict import decode_ids
 from transformer_mt.runtime import select_device
-from transformer_mt.tokenizer import Vocabulary
+from transformer_mt.search import Hypothesis, beam_search, greedy_search, sample
+from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Vocabulary
 
 log = logging.getLogger(__name__)
+
+
+def decode_ids(
+    model: Transformer,
+    src_ids: Sequence[Sequence[int]],
+    decoding: DecodingConfig,
+    device: torch.device,
+    return_attention: bool = False,
+    generator: torch.Generator | None = None,
+) -> list[list[Hypothesis]]:
+    """Decode token-id sources (without eos) and return each sentence's n-best list, input order kept."""
+    was_training = model.training
+    model.eval()
+    results: list[list[Hypothesis]] = [[] for _ in src_ids]
+    # Beam search holds beam_size rows per sentence: budget the batch by what is really computed.
+    budget = max(1, decoding.batch_tokens // (1 if decoding.sampling else decoding.beam_size))
+    common = dict(bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=decoding.max_len_a,
+                  max_len_b=decoding.max_len_b)
+    try:
+        for batch in length_sorted_batches([len(s) for s in src_ids], budget):
+            src = pad_sources([list(src_ids[i]) for i in batch], PAD_ID).to(device)
+            if decoding.sampling:
+                found = sample(model, src, temperature=decoding.temperature, top_k=decoding.top_k,
+                               top_p=decoding.top_p, generator=generator, **common)
+            elif decoding.beam_size == 1:
+                found = greedy_search(model, src, use_cache=decoding.use_cache,
+                                      return_attention=return_attention, **common)
+            else:
+                found = beam_search(model, src, beam_size=decoding.beam_size,
+                                    length_penalty=decoding.length_penalty, n_best=decoding.n_best,
+                                    return_attention=return_attention, **common)
+            for i, hyps in zip(batch, found):
+                results[i] = hyps
+    finally:
+        model.train(was_training)
+    return results
 
 
 @dataclass
@@ -61,8 +101,7 @@ class TextTranslator:
         decoding = dataclasses.replace(self.decoding, **given)
         if "beam_size" in given and "n_best" not in given:
             decoding.n_best = min(decoding.n_best, decoding.beam_size)
-        holder = dataclasses.make_dataclass("Holder", [("decoding", DecodingConfig)])(decoding)
-        validate(holder)
+        decoding.check()
         return decoding
 
     def encode(self, sentences: list[str]) -> list[list[int]]:

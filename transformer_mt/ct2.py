@@ -1,63 +1,17 @@
-"""Export a checkpoint to CTranslate2 and translate with it (the optional `ct2` extra).
+"""CTranslate2: export a checkpoint to a CTranslate2 model directory, and translate with it (the `ct2` extra).
 
     $ transformer-mt export checkpoint=saved_weights/<run> quantization=int8
     $ transformer-mt translate engine=ctranslate2 model_dir=saved_weights/<run>/ct2-int8 text="I am cold."
 
-    >>> from transformer_mt.export import CT2Translator, export_ctranslate2
+    >>> from transformer_mt.ct2 import CT2Translator, export_ctranslate2
     >>> model_dir = export_ctranslate2("saved_weights/<run>", Path("ct2-int8"), quantization="int8")
     >>> CT2Translator.from_dir(model_dir).translate(["I am cold."], beam_size=5)
 
-The model directory holds CTranslate2's own files (model.bin, config.json, shared_vocabulary.json or
-source/target_vocabulary.json), our tokenizer JSON and `transformer_mt.json` (model config, source
-checkpoint, quantization). Every weight is copied by name into a `ctranslate2.specs.TransformerSpec`:
-
-- post-norm / pre-norm map to `pre_norm`; only pre-norm has the encoder/decoder final LayerNorms;
-- our fused qkv (self) and kv (cross) projections are already laid out as CTranslate2's fused
-  linears (rows q, then k, then v; heads side by side within each);
-- positions: CTranslate2's built-in sinusoids differ from ours in three ways (checked by scoring:
-  [sin | cos] concatenated instead of interleaved even/odd dims, timescales 10000^(i / (D/2 - 1))
-  instead of 10000^(2i / D), positions counted from 1 instead of 0), so our table (sinusoidal or
-  learned) is exported explicitly as `position_encodings`; it also bounds positions to
-  max_positions, as in PyTorch;
-- embeddings are scaled by sqrt(d_model) (`scale_embeddings`), tied weights are stored once;
-- the source is our tokens followed by <eos> and no <bos> (`add_source_eos=True`, so callers pass
-  plain tokens); the decoder starts from <bos> (`decoder_start_token`).
-
-`CT2Translator` has the `Translator` interface and the same decoding semantics, mapped as follows:
-
-- max length: CTranslate2 takes one `max_decoding_length` per call, ours is per sentence
-  (floor(max_len_a * (n + 1) + max_len_b), n source tokens plus <eos>, capped at max_positions - 1).
-  Sentences are therefore grouped by their limit and each group is submitted as its own
-  (asynchronous) request, so every sentence gets exactly its own limit. A hypothesis that hits the
-  limit ends without <eos> in CTranslate2 whereas we force <eos> and count its log-prob; those few
-  hypotheses are re-scored with `score_batch`, so scores match too.
-- length penalty: CTranslate2 divides the log-prob sum by L ** length_penalty (L = output tokens,
-  here with the end token since we ask for it); ours is GNMT, sum / ((5 + L) / 6) ** alpha with
-  L = tokens + 1 (<eos>). Both rank beams by raw sums while searching and apply the penalty only to
-  finished hypotheses, so CTranslate2 runs with patience=1 (stop at beam_size finished, as ours),
-  num_hypotheses=beam_size and a non-zero exponent (0 would enable its early exit); we recover each
-  raw sum (score * L ** exponent) and re-rank with GNMT. The exponent matters only when more than
-  beam_size hypotheses finish in the same step and CTranslate2 keeps beam_size of them: it is set
-  to GNMT's local slope alpha * L / (5 + L) at L = source length + 1. Result: 1-best identical to
-  PyTorch beam search in float32 (the n-best tail can differ in such steps). alpha=0 gives exponent
-  0, i.e. CTranslate2's early exit once the top beam has finished (1-best still matched in tests).
-  Greedy and sampling use length_penalty=0: the plain sum, <eos> included, as ours.
-- <pad> and <bos> are never produced by our search (masked after the log-softmax). CTranslate2's
-  `suppress_sequences` masks before its log-softmax, which renormalises the other tokens (scores
-  shift by -log(1 - p(pad) - p(bos)) and beams can re-rank), so sentences are decoded unmasked
-  first (exactly our log-probs) and only those where <pad>/<bos> came out are decoded again with
-  them suppressed.
-- batching: `max_batch_size=decoding.batch_tokens // beam_size` with `batch_type="tokens"`.
-- sampling maps to sampling_topk (0 = whole vocabulary) / sampling_topp / sampling_temperature;
-  CTranslate2 has its own random generator (`ctranslate2.set_random_seed`) and its own sampling
-  scores.
-- attention: the head average of the last decoder layer's cross-attention (`alignment_heads` =
-  all heads), as ours; CTranslate2 drops the column of the <eos> it appended, which is restored as
-  what the row leaves (rows sum to 1).
-- quantization: int8 stores weights per row in 8 bits; with compute_type int8 the activations are
-  quantized too. On CPUs without VNNI (AVX2 only) CTranslate2's int8 GEMM (oneDNN u8s8) is much less
-  accurate than ideal int8 rounding; check BLEU, or load an int8 export with compute_type="float32"
-  (small file, float arithmetic) or export float32/float16.
+The model directory holds CTranslate2's own files, our tokenizer JSON and `transformer_mt.json` (model
+config, source checkpoint, quantization). `CT2Translator` has the `Translator` interface, and with
+exact=True (the default) the same 1-best as our PyTorch search in float32: it reuses our length limit
+and length penalty (`search.py`). docs/ctranslate2.md explains how each weight is mapped and how the
+search is reproduced.
 """
 
 from __future__ import annotations
@@ -65,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import shutil
 import tempfile
@@ -76,15 +29,15 @@ from typing import Any
 import torch
 
 from transformer_mt.checkpoint import model_from_checkpoint
-from transformer_mt.config import CHOICES, ConfigError, DecodingConfig, ExportConfig
+from transformer_mt.config import ConfigError, DecodingConfig, ExportConfig, validate
 from transformer_mt.model import Transformer
+from transformer_mt.search import gnmt_penalty, max_output_length
 from transformer_mt.tokenizer import BOS, BOS_ID, EOS, EOS_ID, PAD_ID, UNK, UNK_ID, Vocabulary
 from transformer_mt.translator import TextTranslator, Translation
 
 log = logging.getLogger(__name__)
 META_FILE = "transformer_mt.json"
 META_VERSION = 1
-QUANTIZATIONS = CHOICES["quantization"]
 _INSTALL = "pip install 'transformer-mt[ct2]'"
 
 
@@ -128,6 +81,29 @@ def _tokens(tok: Any, side: str) -> list[str]:
 
 
 
+def _copy_stack(spec: Any, embedding_spec: Any, stack: torch.nn.Module, embed: torch.nn.Embedding,
+                norm_first: bool) -> None:
+    """An encoder or decoder's embeddings (scaled by sqrt(d_model)), our position table, and its final
+    LayerNorm (pre-norm only)."""
+    embedding_spec.weight = _array(embed.weight)
+    spec.scale_embeddings = True
+    positional = stack.positional
+    spec.position_encodings.encodings = _array(positional.embedding.weight if positional.learned
+                                               else positional.pe)
+    if norm_first:
+        _norm(spec.layer_norm, stack.final_norm)
+
+
+def _copy_sublayers(layer_spec: Any, layer: torch.nn.Module) -> None:
+    """Self-attention and feed-forward with their LayerNorms: the sub-layers both stacks' layers have."""
+    _linear(layer_spec.self_attention.linear[0], layer.self_attn.qkv_proj)
+    _linear(layer_spec.self_attention.linear[1], layer.self_attn.out_proj)
+    _norm(layer_spec.self_attention.layer_norm, layer.self_attn_norm)
+    _linear(layer_spec.ffn.linear_0, layer.feed_forward.linear1)
+    _linear(layer_spec.ffn.linear_1, layer.feed_forward.linear2)
+    _norm(layer_spec.ffn.layer_norm, layer.ff_norm)
+
+
 def build_spec(model: Transformer, vocab: Vocabulary) -> Any:
     """A validated `ctranslate2.specs.TransformerSpec` holding the model's weights (not yet quantized)."""
     ct2 = _ctranslate2()
@@ -145,39 +121,16 @@ def build_spec(model: Transformer, vocab: Vocabulary) -> Any:
         activation=activations[c.activation],
         alignment_layer=-1, alignment_heads=c.n_heads,  # head average of the last layer, as ours
     )
-    enc, dec = model.encoder, model.decoder
-
-    spec.encoder.embeddings[0].weight = _array(model.src_embed.weight)
-    spec.encoder.scale_embeddings = True
-    spec.encoder.position_encodings.encodings = _array(
-        enc.positional.embedding.weight if enc.positional.learned else enc.positional.pe)
-    if c.norm_first:
-        _norm(spec.encoder.layer_norm, enc.final_norm)
-    for layer_spec, layer in zip(spec.encoder.layer, enc.layers):
-        _linear(layer_spec.self_attention.linear[0], layer.self_attn.qkv_proj)
-        _linear(layer_spec.self_attention.linear[1], layer.self_attn.out_proj)
-        _norm(layer_spec.self_attention.layer_norm, layer.self_attn_norm)
-        _linear(layer_spec.ffn.linear_0, layer.feed_forward.linear1)
-        _linear(layer_spec.ffn.linear_1, layer.feed_forward.linear2)
-        _norm(layer_spec.ffn.layer_norm, layer.ff_norm)
-
-    spec.decoder.embeddings.weight = _array(model.tgt_embed.weight)
-    spec.decoder.scale_embeddings = True
-    spec.decoder.position_encodings.encodings = _array(
-        dec.positional.embedding.weight if dec.positional.learned else dec.positional.pe)
-    if c.norm_first:
-        _norm(spec.decoder.layer_norm, dec.final_norm)
-    for layer_spec, layer in zip(spec.decoder.layer, dec.layers):
-        _linear(layer_spec.self_attention.linear[0], layer.self_attn.qkv_proj)
-        _linear(layer_spec.self_attention.linear[1], layer.self_attn.out_proj)
-        _norm(layer_spec.self_attention.layer_norm, layer.self_attn_norm)
+    _copy_stack(spec.encoder, spec.encoder.embeddings[0], model.encoder, model.src_embed, c.norm_first)
+    for layer_spec, layer in zip(spec.encoder.layer, model.encoder.layers):
+        _copy_sublayers(layer_spec, layer)
+    _copy_stack(spec.decoder, spec.decoder.embeddings, model.decoder, model.tgt_embed, c.norm_first)
+    for layer_spec, layer in zip(spec.decoder.layer, model.decoder.layers):
+        _copy_sublayers(layer_spec, layer)
         _linear(layer_spec.attention.linear[0], layer.cross_attn.q_proj)
         _linear(layer_spec.attention.linear[1], layer.cross_attn.kv_proj)
         _linear(layer_spec.attention.linear[2], layer.cross_attn.out_proj)
         _norm(layer_spec.attention.layer_norm, layer.cross_attn_norm)
-        _linear(layer_spec.ffn.linear_0, layer.feed_forward.linear1)
-        _linear(layer_spec.ffn.linear_1, layer.feed_forward.linear2)
-        _norm(layer_spec.ffn.layer_norm, layer.ff_norm)
     _linear(spec.decoder.projection, model.output_projection)
 
     src_tokens, tgt_tokens = _tokens(vocab.src, "source"), _tokens(vocab.tgt, "target")
@@ -218,9 +171,7 @@ def _replace_dir(tmp: Path, output_dir: Path) -> None:
 def export_ctranslate2(checkpoint: str | Path, output_dir: Path, quantization: str = "int8") -> Path:
     """Write a CTranslate2 model directory for a checkpoint (file or run directory); return its path."""
     ct2 = _ctranslate2()
-    if quantization not in QUANTIZATIONS:
-        raise ExportError(f"quantization={quantization!r} is not allowed; choose one of: "
-                          f"{', '.join(QUANTIZATIONS)}")
+    validate(ExportConfig(checkpoint=str(checkpoint), quantization=quantization))
     file, state, model, vocab = model_from_checkpoint(checkpoint)
     with torch.no_grad():
         spec = build_spec(model, vocab)
@@ -248,21 +199,6 @@ def export_ctranslate2(checkpoint: str | Path, output_dir: Path, quantization: s
         raise
     log.info("exported %s to %s (CTranslate2 %s, %s)", file, output_dir, ct2.__version__, quantization)
     return output_dir
-
-
-def export(cfg: ExportConfig) -> Path:
-    """Entry point of `transformer-mt export`."""
-    if not cfg.checkpoint:
-        raise ConfigError("checkpoint= is required: a .pt file or a run directory under saved_weights/")
-    if cfg.output_dir:
-        output_dir = Path(cfg.output_dir)
-    else:
-        source = Path(cfg.checkpoint).expanduser()
-        run_dir = source if source.is_dir() else source.parent
-        output_dir = run_dir / f"ct2-{cfg.quantization}"
-    path = export_ctranslate2(cfg.checkpoint, output_dir, cfg.quantization)
-    print(path)
-    return path
 
 
 # --------------------------------------------------------------------------------------------
@@ -319,8 +255,8 @@ class CT2Translator(TextTranslator):
 
     def max_length(self, n_src: int, decoding: DecodingConfig) -> int:
         """Output tokens allowed (without <eos>) for n_src source tokens, as in PyTorch search."""
-        limit = math.floor(decoding.max_len_a * (n_src + 1) + decoding.max_len_b)  # +1: <eos>
-        return max(1, min(limit, self.max_positions - 1))
+        return max(1, max_output_length(n_src + 1, decoding.max_len_a, decoding.max_len_b,
+                                        self.max_positions))  # + 1: the source's <eos>
 
     @staticmethod
     def ct2_length_penalty(alpha: float, n_src: int) -> float:
@@ -442,7 +378,7 @@ class CT2Translator(TextTranslator):
         for i, hyps in collected.items():
             if beam:
                 for hyp in hyps:  # GNMT penalty, L = tokens + 1 (<eos>), as PyTorch beam search
-                    hyp[1] = hyp[1] / ((5.0 + len(hyp[0]) + 1) / 6.0) ** decoding.length_penalty
+                    hyp[1] = hyp[1] / gnmt_penalty(len(hyp[0]) + 1, decoding.length_penalty)
                 hyps.sort(key=lambda h: h[1], reverse=True)
             best = hyps[: decoding.n_best]
             token_ids = [[self._tgt_stoi.get(t, UNK_ID) for t in h[0]] for h in best]

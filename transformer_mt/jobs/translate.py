@@ -6,35 +6,21 @@ empty line. Lines are translated in chunks so a large file streams instead of fi
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-from transformer_mt.checkpoint import atomic_write
-from transformer_mt.config import ConfigError, TranslateConfig
-from transformer_mt.runtime import configure_threads, select_device
-from transformer_mt.translator import Translation, Translator
+from transformer_mt.config import ConfigError, DataError, TranslateConfig
+from transformer_mt.data import utf8_lines
+from transformer_mt.runtime import atomic_write, configure_threads, select_device
+from transformer_mt.translator import TextTranslator, Translation, Translator
 
 log = logging.getLogger(__name__)
 CHUNK_LINES = 2000  # lines translated together: big enough to batch well, small enough to stream
-
-
-class InputError(ConfigError):
-    """Input text that cannot be read (missing file, bytes that are not UTF-8)."""
-
-
-def read_lines(stream: io.BufferedIOBase, name: str) -> Iterator[str]:
-    """Decode UTF-8 line by line, naming the line that is not UTF-8."""
-    for number, raw in enumerate(stream, start=1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as ex:
-            raise InputError(f"{name} line {number} is not UTF-8 ({ex.reason} at byte {ex.start}); "
-                             "convert it first, e.g. iconv -f latin1 -t utf-8") from ex
-        yield line.rstrip("\r\n").lstrip("\ufeff") if number == 1 else line.rstrip("\r\n")
 
 
 def chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -59,7 +45,7 @@ def format_nbest(nbest: list[Translation], n_best: int, with_scores: bool) -> li
             for rank, h in enumerate(padded[:n_best], start=1)]
 
 
-def interactive(engine: Translator, cfg: TranslateConfig) -> None:
+def interactive(engine: TextTranslator, cfg: TranslateConfig) -> None:
     """A prompt for a person at a terminal: one sentence at a time until EOF or Ctrl-C."""
     print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
     while True:
@@ -72,7 +58,7 @@ def interactive(engine: Translator, cfg: TranslateConfig) -> None:
             print(out, flush=True)
 
 
-def write_attention_png(engine: Translator, sentence: str, path: Path) -> None:
+def write_attention_png(engine: TextTranslator, sentence: str, path: Path) -> None:
     """Cross-attention of the best hypothesis as a heatmap (needs matplotlib: the `plot` extra)."""
     try:
         import matplotlib
@@ -101,52 +87,24 @@ def write_attention_png(engine: Translator, sentence: str, path: Path) -> None:
     log.info("attention heatmap written to %s", path)
 
 
-def ct2_engine(cfg: TranslateConfig) -> Any:
-    """engine=ctranslate2: a CT2Translator (the Translator interface) on a model directory written
-    by `transformer-mt export` (the `ct2` extra)."""
-    if not cfg.model_dir:
-        raise ConfigError("engine=ctranslate2 needs model_dir=<directory written by `transformer-mt "
-                          "export checkpoint=...`>")
-    if cfg.device.name == "mps":
-        raise ConfigError("engine=ctranslate2 runs on cpu or cuda, not mps; set device=cpu")
-    from transformer_mt.export import CT2Translator  # ConfigError naming the extra without ctranslate2
-
-    return CT2Translator.from_dir(cfg.model_dir, device=cfg.device.name,
-                                  intra_threads=cfg.device.num_threads or 0, decoding=cfg.decoding,
-                                  max_input_tokens=cfg.max_input_tokens, exact=cfg.ct2_exact)
-
-
-def translate(cfg: TranslateConfig) -> None:
-    """Entry point of `transformer-mt translate`."""
+def load_engine(cfg: TranslateConfig) -> TextTranslator:
+    """The PyTorch Translator on a checkpoint, or with engine=ctranslate2 a CT2Translator (the same
+    interface) on a model directory written by `transformer-mt export` (the `ct2` extra)."""
+    configure_threads(cfg.device)
     if cfg.engine == "ctranslate2":
-        engine = ct2_engine(cfg)  # same interface as Translator
-    elif not cfg.checkpoint:
-        raise ConfigError("checkpoint= is required: a .pt file or a run directory under saved_weights/")
-    else:
-        configure_threads(cfg.device)
-        engine = Translator.from_checkpoint(cfg.checkpoint, device=select_device(cfg.device),
-                                            decoding=cfg.decoding, max_input_tokens=cfg.max_input_tokens)
-    if cfg.attention_png:
-        if cfg.text is None:
-            raise ConfigError("attention_png needs a sentence given as text=...")
-        write_attention_png(engine, cfg.text, Path(cfg.attention_png))
+        from transformer_mt.ct2 import CT2Translator  # ConfigError naming the extra without ctranslate2
 
-    if cfg.text is not None:
-        lines: Iterable[str] = cfg.text.split("\n")
-    elif cfg.input:
-        path = Path(cfg.input)
-        if not path.is_file():
-            raise InputError(f"input file {path} does not exist")
-        lines = read_lines(path.open("rb"), str(path))
-    elif sys.stdin.isatty() and cfg.output is None:
-        interactive(engine, cfg)
-        return
-    else:
-        lines = read_lines(sys.stdin.buffer, "stdin")
+        assert cfg.model_dir is not None  # validate() requires it
+        return CT2Translator.from_dir(cfg.model_dir, device=cfg.device.name,
+                                      intra_threads=cfg.device.num_threads or 0, decoding=cfg.decoding,
+                                      max_input_tokens=cfg.max_input_tokens, exact=cfg.ct2_exact)
+    assert cfg.checkpoint is not None  # validate() requires it
+    return Translator.from_checkpoint(cfg.checkpoint, device=select_device(cfg.device), decoding=cfg.decoding,
+                                      max_input_tokens=cfg.max_input_tokens)
 
-    out: TextIO
-    buffer = io.StringIO() if cfg.output else None
-    out = buffer if buffer is not None else sys.stdout
+
+def write_lines(engine: TextTranslator, lines: Iterable[str], out: TextIO, cfg: TranslateConfig) -> int:
+    """Translate lines chunk by chunk, writing each chunk's output as soon as it is done; the count."""
     count = 0
     for chunk in chunks(lines, CHUNK_LINES):
         for nbest in engine.translate_nbest(chunk):
@@ -154,6 +112,31 @@ def translate(cfg: TranslateConfig) -> None:
                 out.write(line + "\n")
         out.flush()
         count += len(chunk)
+    return count
+
+
+def translate(cfg: TranslateConfig) -> None:
+    """Entry point of `transformer-mt translate`."""
+    engine = load_engine(cfg)
+    if cfg.attention_png:
+        if cfg.text is None:
+            raise ConfigError("attention_png needs a sentence given as text=...")
+        write_attention_png(engine, cfg.text, Path(cfg.attention_png))
+    with contextlib.ExitStack() as stack:
+        if cfg.text is not None:
+            lines: Iterable[str] = cfg.text.split("\n")
+        elif cfg.input:
+            path = Path(cfg.input)
+            if not path.is_file():
+                raise DataError(f"input file {path} does not exist")
+            lines = utf8_lines(stack.enter_context(path.open("rb")), str(path))
+        elif sys.stdin.isatty() and cfg.output is None:
+            interactive(engine, cfg)
+            return
+        else:
+            lines = utf8_lines(sys.stdin.buffer, "stdin")
+        buffer = io.StringIO() if cfg.output else None
+        count = write_lines(engine, lines, buffer if buffer is not None else sys.stdout, cfg)
     if buffer is not None:
         atomic_write(Path(cfg.output), lambda f: f.write(buffer.getvalue().encode("utf-8")))
         log.info("%d lines translated into %s", count, cfg.output)

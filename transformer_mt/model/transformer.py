@@ -1,241 +1,34 @@
 """The Transformer encoder-decoder of "Attention Is All You Need" (Vaswani et al., 2017).
 
-Everything is written out explicitly (no nn.Transformer / nn.MultiheadAttention) so that each
-module maps onto a box of the paper's Figure 1. Tensors are batch-first throughout:
-B = batch, S = source length, T = target length, D = d_model, H = heads, hd = D // H, V = vocab.
+Everything is written out explicitly (no nn.Transformer / nn.MultiheadAttention) so that each module
+maps onto a box of the paper's Figure 1. Tensors are batch-first throughout: B = batch, S = source
+length, T = target length, D = d_model, V = vocabulary.
 
-Masks follow the convention of F.scaled_dot_product_attention: a boolean `attn_mask` is True where
-a query MAY attend to a key. Padding masks returned by `encode` are the opposite (True at pad),
-because that is what callers naturally have.
+The model is built from a `config.ModelConfig` (its hyper-parameters) and the vocabulary sizes and pad
+id, which come from the tokenizer; it knows nothing about Hydra, files or tokenizers, and this package
+imports only torch.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal, overload
+from typing import TYPE_CHECKING, Literal, overload
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from transformer_mt.dropout import Dropout
+from transformer_mt.model.attention import (
+    DecoderCache,
+    MultiHeadAttention,
+    ensure_some_key,
+    padding_attn_mask,
+)
+from transformer_mt.model.dropout import Dropout
 
-
-@dataclass
-class TransformerConfig:
-    """Hyper-parameters of the encoder-decoder Transformer."""
-
-    src_vocab_size: int
-    tgt_vocab_size: int
-    pad_id: int = 0
-    d_model: int = 256
-    n_heads: int = 4
-    d_ff: int = 1024
-    encoder_layers: int = 3
-    decoder_layers: int = 3
-    dropout: float = 0.1  # sub-layer outputs and embeddings+positions sum (the paper's P_drop)
-    attention_dropout: float = 0.0  # on attention probabilities
-    activation_dropout: float = 0.0  # inside the FFN after the activation
-    activation: str = "relu"  # "relu" | "gelu"
-    norm_first: bool = False  # False = post-norm (paper); True = pre-norm + final LayerNorms
-    positional: str = "sinusoidal"  # "sinusoidal" | "learned"
-    max_positions: int = 512
-    tie_embeddings: bool = True  # share src embedding, tgt embedding and output projection
-    tie_output: bool = True  # tie tgt embedding with output projection (if not tie_embeddings)
-    layer_norm_eps: float = 1e-5
-
-
-def validate_config(c: TransformerConfig) -> None:
-    """Raise ValueError (one line) for hyper-parameters the model cannot be built with."""
-    checks = [
-        (c.src_vocab_size > 0 and c.tgt_vocab_size > 0, "vocabulary sizes must be positive"),
-        (0 <= c.pad_id < min(c.src_vocab_size, c.tgt_vocab_size), "pad_id must be a valid id"),
-        (c.d_model > 0 and c.n_heads > 0 and c.d_ff > 0, "d_model, n_heads, d_ff must be > 0"),
-        (c.d_model % max(c.n_heads, 1) == 0,
-         f"d_model ({c.d_model}) must be divisible by n_heads ({c.n_heads})"),
-        (c.encoder_layers >= 1 and c.decoder_layers >= 1, "need at least one layer per stack"),
-        (all(0.0 <= p < 1.0 for p in (c.dropout, c.attention_dropout, c.activation_dropout)),
-         "dropout probabilities must be in [0, 1)"),
-        (c.activation in ("relu", "gelu"), f"activation must be 'relu' or 'gelu', "
-                                           f"got {c.activation!r}"),
-        (c.positional in ("sinusoidal", "learned"),
-         f"positional must be 'sinusoidal' or 'learned', got {c.positional!r}"),
-        (c.positional != "sinusoidal" or c.d_model % 2 == 0,
-         "sinusoidal positions need an even d_model"),
-        (c.max_positions >= 1, "max_positions must be >= 1"),
-        (c.layer_norm_eps > 0, "layer_norm_eps must be > 0"),
-        (not c.tie_embeddings or c.src_vocab_size == c.tgt_vocab_size,
-         f"tie_embeddings needs src_vocab_size == tgt_vocab_size "
-         f"({c.src_vocab_size} != {c.tgt_vocab_size})"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ValueError(f"invalid TransformerConfig: {message}")
-
-
-# --------------------------------------------------------------------------------------------
-# Masks
-
-
-def padding_attn_mask(pad_mask: Tensor) -> Tensor | None:
-    """(B, S) bool True-at-pad → (B, 1, 1, S) SDPA mask (True = attend), or None if no padding."""
-    if not bool(pad_mask.any()):
-        return None  # lets SDPA take its mask-free fast path
-    allowed = ~pad_mask
-    # Guard: a row made only of padding would leave a query with no key at all (NaN softmax in
-    # some kernels); let such rows attend everywhere - their outputs are never used anyway.
-    allowed = allowed | ~allowed.any(dim=-1, keepdim=True)
-    return allowed[:, None, None, :]
-
-
-def _ensure_some_key(allowed: Tensor) -> Tensor:
-    """Let any query row with no attendable key attend to all keys, so softmax never yields NaN."""
-    return allowed | ~allowed.any(dim=-1, keepdim=True)
-
-
-# --------------------------------------------------------------------------------------------
-# Incremental decoding state
-
-
-class DecoderCache:
-    """Per-layer self-attention K/V (N, H, t, hd) and cross-attention K/V for incremental decode.
-
-    Cross-attention K/V depend only on the source, so beam search keeps ONE row per sentence
-    (A, H, S, hd) while the decoder runs K consecutive rows per sentence (N = A*K): the K queries
-    of a sentence then attend to its keys together, with no copies of memory or of its K/V.
-    """
-
-    def __init__(self, num_layers: int) -> None:
-        self.length: int = 0  # number of target positions already processed
-        self.beams: int = 1  # decoder rows per cross-attention row (set by beam search)
-        self.self_kv: list[tuple[Tensor, Tensor] | None] = [None] * num_layers
-        self.cross_kv: list[tuple[Tensor, Tensor] | None] = [None] * num_layers
-
-    def reorder(self, index: Tensor, cross_index: Tensor | None = None) -> None:
-        """Keep decoder rows `index` (beam reordering, batch shrinking), in place.
-
-        Cross-attention rows follow `cross_index` when given; otherwise `index` when beams == 1,
-        and they stay as they are when beams > 1 (beams only moved within their sentences).
-        """
-        if cross_index is None and self.beams == 1:
-            cross_index = index
-        for kvs, idx in ((self.self_kv, index), (self.cross_kv, cross_index)):
-            if idx is None:
-                continue
-            for i, kv in enumerate(kvs):
-                if kv is not None:
-                    kvs[i] = (kv[0].index_select(0, idx), kv[1].index_select(0, idx))
-
-
-# --------------------------------------------------------------------------------------------
-# Building blocks
-
-
-class MultiHeadAttention(nn.Module):
-    """Multi-head scaled dot-product attention (§3.2.2), self- or encoder-decoder (cross-)."""
-
-    def __init__(self, d_model: int, n_heads: int, attention_dropout: float = 0.0,
-                 cross: bool = False) -> None:
-        super().__init__()
-        self.n_heads = n_heads
-        self.head_dim = d_model // n_heads
-        self.attention_dropout = attention_dropout
-        self.cross = cross
-        # Fused projections: one GEMM instead of three (self) or two (cross).
-        if cross:
-            self.q_proj = nn.Linear(d_model, d_model)
-            self.kv_proj = nn.Linear(d_model, 2 * d_model)
-        else:
-            self.qkv_proj = nn.Linear(d_model, 3 * d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
-
-    def _heads(self, x: Tensor, n: int) -> tuple[Tensor, ...]:
-        """(B, L, n*D) → n views of shape (B, H, L, hd), no copies."""
-        B, L, _ = x.shape
-        return x.view(B, L, n, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-
-    def forward(
-        self,
-        x: Tensor,
-        memory: Tensor | None = None,
-        *,
-        attn_mask: Tensor | None = None,
-        key_padding_mask: Tensor | None = None,
-        is_causal: bool = False,
-        cache: DecoderCache | None = None,
-        layer_idx: int = 0,
-        need_weights: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:
-        """x (B, T, D) [, memory (A, S, D)] → (output (B, T, D), head-averaged weights or None).
-
-        Cross-attention allows B = A·G: G consecutive rows of x (beams) share one memory row.
-
-        attn_mask: bool, broadcastable to (B, H, T, S), True = may attend.
-        key_padding_mask: (B, S) bool, True = padding key (convenience; merged into attn_mask).
-        is_causal: query i sees keys <= i; with a cache the queries are the LAST T positions.
-        cache: self-attention appends its K/V; cross-attention computes K/V from memory once.
-        """
-        B, T, D = x.shape
-        if self.cross:
-            kv = cache.cross_kv[layer_idx] if cache is not None else None
-            if kv is None:
-                assert memory is not None, "cross-attention needs memory"
-                kv = self._heads(self.kv_proj(memory), 2)  # 2 × (A, H, S, hd)
-                if cache is not None:
-                    cache.cross_kv[layer_idx] = kv
-            k, v = kv
-            # G consecutive query rows per source row (beams): attend as G*T queries of one row.
-            A = k.size(0)
-            assert B % A == 0, f"{B} decoder rows cannot share {A} source rows"
-            G = B // A
-            q = self.q_proj(x).view(A, G * T, self.n_heads, self.head_dim).transpose(1, 2)
-        else:
-            q, k, v = self._heads(self.qkv_proj(x), 3)  # 3 × (B, H, T, hd)
-            if cache is not None:
-                past = cache.self_kv[layer_idx]
-                if past is not None:
-                    k = torch.cat((past[0], k), dim=2)  # (B, H, t+T, hd)
-                    v = torch.cat((past[1], v), dim=2)
-                cache.self_kv[layer_idx] = (k, v)
-        S = k.size(2)
-
-        combined = False  # masks passed in are trusted to be guarded already (built once)
-        if key_padding_mask is not None:
-            kp = (~key_padding_mask)[:, None, None, :]
-            attn_mask = kp if attn_mask is None else attn_mask & kp
-            combined = True
-        if is_causal and (T == 1 or attn_mask is not None or T != S):
-            # SDPA's is_causal aligns top-left and excludes attn_mask, so spell the mask out,
-            # aligned bottom-right (queries are the last T of S positions). One query at the
-            # end of the sequence may see everything: no mask at all.
-            if T > 1:
-                causal = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)
-                attn_mask = causal if attn_mask is None else attn_mask & causal
-                combined = True
-            is_causal = False
-        if combined and attn_mask is not None:
-            attn_mask = _ensure_some_key(attn_mask)
-
-        dropout_p = self.attention_dropout if self.training else 0.0
-        weights = None
-        if need_weights:
-            # SDPA does not expose the probabilities, so compute them explicitly (slow path).
-            scores = (q @ k.transpose(-2, -1)) * (self.head_dim ** -0.5)  # (B, H, T, S)
-            if is_causal:
-                attn_mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)
-            if attn_mask is not None:
-                scores = scores.masked_fill(~attn_mask, float("-inf"))
-            probs = scores.softmax(dim=-1)
-            weights = probs.mean(dim=1).reshape(B, T, S)  # (B, T, S)
-            y = F.dropout(probs, dropout_p, self.training) @ v  # (B, H, T, hd)
-        else:
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
-            )  # (B, H, T, hd)
-        y = y.transpose(1, 2).reshape(B, T, D)  # re-assemble heads side by side (and groups)
-        return self.out_proj(y), weights
+if TYPE_CHECKING:  # a type only: the model reads the config's attributes and imports nothing of ours
+    from transformer_mt.config import ModelConfig
 
 
 class PositionwiseFeedForward(nn.Module):
@@ -288,7 +81,7 @@ class PositionalEncoding(nn.Module):
 class EncoderLayer(nn.Module):
     """Self-attention then feed-forward, each wrapped in dropout + residual + LayerNorm (§3.1)."""
 
-    def __init__(self, c: TransformerConfig) -> None:
+    def __init__(self, c: ModelConfig) -> None:
         super().__init__()
         self.norm_first = c.norm_first
         self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout)
@@ -312,7 +105,7 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     """Masked self-attention, encoder-decoder attention, feed-forward; each Add & Norm (§3.1)."""
 
-    def __init__(self, c: TransformerConfig) -> None:
+    def __init__(self, c: ModelConfig) -> None:
         super().__init__()
         self.norm_first = c.norm_first
         self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout)
@@ -360,7 +153,7 @@ class DecoderLayer(nn.Module):
 class Encoder(nn.Module):
     """Input embedding + positional encoding followed by a stack of N encoder layers."""
 
-    def __init__(self, c: TransformerConfig, embed_tokens: nn.Embedding) -> None:
+    def __init__(self, c: ModelConfig, embed_tokens: nn.Embedding) -> None:
         super().__init__()
         self.embed_tokens = embed_tokens
         self.embed_scale = math.sqrt(c.d_model)
@@ -384,9 +177,9 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """Output embedding + positional encoding followed by a stack of N decoder layers."""
 
-    def __init__(self, c: TransformerConfig, embed_tokens: nn.Embedding) -> None:
+    def __init__(self, c: ModelConfig, embed_tokens: nn.Embedding) -> None:
         super().__init__()
-        self.pad_id = c.pad_id
+        self.pad_id = embed_tokens.padding_idx
         self.embed_tokens = embed_tokens
         self.embed_scale = math.sqrt(c.d_model)
         self.positional = PositionalEncoding(c.d_model, c.max_positions,
@@ -414,7 +207,7 @@ class Decoder(nn.Module):
             tgt_pad = tgt == self.pad_id
             if bool(tgt_pad.any()):
                 causal = torch.ones(T, T, dtype=torch.bool, device=tgt.device).tril()
-                self_mask = _ensure_some_key(causal & ~tgt_pad[:, None, None, :])  # (B,1,T,T)
+                self_mask = ensure_some_key(causal & ~tgt_pad[:, None, None, :])  # (B,1,T,T)
         # With a cache the caller feeds only real tokens of live hypotheses, so target padding
         # is not tracked there (rows that are already finished are ignored by the search).
         cross_mask = padding_attn_mask(src_pad_mask)
@@ -436,18 +229,26 @@ class Decoder(nn.Module):
 class Transformer(nn.Module):
     """Encoder-decoder Transformer with (optionally) shared embeddings and output projection."""
 
-    def __init__(self, config: TransformerConfig) -> None:
+    def __init__(self, config: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
+                 pad_id: int = 0) -> None:
         super().__init__()
-        validate_config(config)
+        config.check()  # the rules live with the config; the ones below need the vocabulary
+        if not 0 <= pad_id < min(src_vocab_size, tgt_vocab_size):
+            raise ValueError(f"pad_id {pad_id} is not an id of vocabularies of {src_vocab_size} and "
+                             f"{tgt_vocab_size} tokens")
+        if config.tie_embeddings and src_vocab_size != tgt_vocab_size:
+            raise ValueError(f"model.tie_embeddings needs one vocabulary for both sides, not "
+                             f"{src_vocab_size} and {tgt_vocab_size} tokens; set it to false")
         c = self.config = config
-        self.src_embed = nn.Embedding(c.src_vocab_size, c.d_model, padding_idx=c.pad_id)
+        self.src_vocab_size, self.tgt_vocab_size, self.pad_id = src_vocab_size, tgt_vocab_size, pad_id
+        self.src_embed = nn.Embedding(src_vocab_size, c.d_model, padding_idx=pad_id)
         if c.tie_embeddings:
             self.tgt_embed = self.src_embed  # same module: one weight matrix (§3.4)
         else:
-            self.tgt_embed = nn.Embedding(c.tgt_vocab_size, c.d_model, padding_idx=c.pad_id)
+            self.tgt_embed = nn.Embedding(tgt_vocab_size, c.d_model, padding_idx=pad_id)
         self.encoder = Encoder(c, self.src_embed)
         self.decoder = Decoder(c, self.tgt_embed)
-        self.output_projection = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
+        self.output_projection = nn.Linear(c.d_model, tgt_vocab_size, bias=False)
         self._init_weights()
         if c.tie_embeddings or c.tie_output:
             self.output_projection.weight = self.tgt_embed.weight
@@ -489,7 +290,7 @@ class Transformer(nn.Module):
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """src (B, S) token ids → (memory (B, S, D), src_pad_mask (B, S) bool, True at padding)."""
-        src_pad_mask = src == self.config.pad_id
+        src_pad_mask = src == self.pad_id
         return self.encoder(src, src_pad_mask), src_pad_mask
 
     @overload

@@ -1,0 +1,35 @@
+"""What vulture may not see used (`tests/test_layout.py::test_no_dead_code`): names that a framework, a
+library object or a user calls, never the package itself. Add a name here only with its reason."""
+
+# ruff: noqa: B018, F821
+# Python, Hydra and DDP call these: a module __getattr__, a callback's hooks, a signal handler's
+# arguments, context-manager arguments, hook keyword arguments, DDP's gradient-sync switch.
+__getattr__
+SweepSummary
+_.on_job_end
+_.on_multirun_end
+job_return
+kwargs
+frame
+signum
+exc
+_.require_backward_grad_sync
+_.id  # hydra.job.id, set as Hydra's launcher sets it
+# Settings of objects of other libraries: CTranslate2's model spec, a `tokenizers` Tokenizer.
+_.gamma
+_.beta
+_.scale_embeddings
+_.bos_token
+_.eos_token
+_.unk_token
+_.decoder_start_token
+_.add_source_bos
+_.add_source_eos
+_.layer_norm_epsilon
+_.pre_tokenizer
+_.normalizer
+_.encode_special_tokens
+# The public API's own calls, for users: `Translator.predict(text)` (the tutorials' one-sentence call)
+# and `Vocabulary.decode_src`, the pair of `decode_tgt`.
+_.predict
+_.decode_src

@@ -1,0 +1,125 @@
+"""The house rules that keep the code readable: small modules, imports that flow one way, no dead code,
+config files that state only what differs from the schema."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import transformer_mt as tmt
+from tests.conftest import ROOT
+from transformer_mt.config import SCHEMAS
+
+PACKAGE = ROOT / "transformer_mt"
+JOBS = {"transformer_mt.jobs.train", "transformer_mt.jobs.evaluate", "transformer_mt.jobs.translate",
+        "transformer_mt.jobs.export"}
+TOP = {"transformer_mt", "transformer_mt.cli", "transformer_mt.composition", "transformer_mt.__main__"}
+LONG_FUNCTIONS: set[str] = set()  # none today; a function named here must say why in its docstring
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _imports(path: Path) -> set[str]:
+    """The transformer_mt modules a module imports at run time (not under TYPE_CHECKING)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and getattr(node.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(node)}
+    modules = _modules()
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:  # `from a import b`: module a.b, or a
+            for alias in node.names:
+                found.add(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules
+                          else node.module)
+    return {name for name in found if name in modules}
+
+
+def test_modules_and_functions_are_small() -> None:
+    for name, path in _modules().items():
+        source = path.read_text(encoding="utf-8")
+        assert len(source.splitlines()) <= 400, f"{name} has {len(source.splitlines())} lines"
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef) and node.name not in LONG_FUNCTIONS:
+                length = node.end_lineno - node.lineno + 1
+                assert length <= 80, f"{name}.{node.name} has {length} lines"
+
+
+def test_imports_flow_one_way() -> None:
+    """cli → jobs → building blocks → config; the model imports only torch; no job imports another."""
+    graph = {name: _imports(path) - {name} for name, path in _modules().items()}
+    for name, imported in graph.items():
+        if name.startswith("transformer_mt.model"):
+            assert imported <= {"transformer_mt.model", "transformer_mt.model.attention",
+                                "transformer_mt.model.dropout", "transformer_mt.model.transformer"}, name
+        if name in JOBS:
+            assert not imported & (JOBS | TOP), f"{name} imports {imported & (JOBS | TOP)}"
+        elif name not in TOP and name != "transformer_mt.jobs":
+            assert not imported & (JOBS | TOP), f"the building block {name} imports {imported & (JOBS | TOP)}"
+    for name in ("transformer_mt.errors", "transformer_mt.rules"):
+        assert graph[name] <= {"transformer_mt.errors"}, name
+    # No cycles: every module can be placed after everything it imports.
+    placed: set[str] = set()
+    while len(placed) < len(graph):
+        ready = {n for n, deps in graph.items() if n not in placed and deps <= placed | {n}}
+        assert ready, f"an import cycle among {sorted(set(graph) - placed)}"
+        placed |= ready
+
+
+def test_the_package_imports_without_torch() -> None:
+    """`transformer-mt --help` and shell completion start fast: torch comes with the first real job."""
+    code = "import sys, transformer_mt, transformer_mt.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "False"
+    assert tmt.Translator.__name__ == "Translator"  # the documented `from transformer_mt import Translator`
+
+
+def test_no_dead_code() -> None:
+    """Everything the package defines is used by the package or its scripts (vulture); what only a
+    framework or a user calls is listed, with its reason, in tests/dead_code_whitelist.py."""
+    pytest.importorskip("vulture")
+    result = subprocess.run([sys.executable, "-m", "vulture", "transformer_mt", "scripts",
+                             "tests/dead_code_whitelist.py", "--min-confidence", "60"],
+                            cwd=ROOT, capture_output=True, text=True)
+    assert result.stdout == "", result.stdout
+
+
+def _flat(node: object, prefix: str = "") -> dict[str, object]:
+    if not isinstance(node, dict):
+        return {prefix[:-1]: node}
+    return {k: v for key, value in node.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
+
+
+def _option_files() -> list[Path]:
+    return sorted(p for p in (ROOT / "configs").glob("*/*.yaml") if p.parent.name not in ("hydra", "sweep"))
+
+
+@pytest.mark.parametrize("path", _option_files(), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_config_files_state_only_what_differs(path: Path) -> None:
+    """Every value a config file sets differs from what the config would be without the file: a group
+    option from the schema's section, a recipe (experiment, debug) from the groups it selects."""
+    text = path.read_text(encoding="utf-8")
+    body = yaml.safe_load(text) or {}
+    if "# @package _global_" in text:
+        groups = [f"{key.split('/')[-1]}={option}" for entry in body.pop("defaults", [])
+                  for key, option in entry.items() if key.startswith("override /")]
+        base = dataclasses.asdict(tmt.compose("train", groups))
+    else:
+        base = dataclasses.asdict(SCHEMAS["train"]())[path.parent.name]
+    same = {k: v for k, v in _flat(body).items() if _flat(base).get(k) == v}
+    assert not same, f"{path.relative_to(ROOT)} repeats what is already so: {same}"

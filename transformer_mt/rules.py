@@ -1,0 +1,205 @@
+"""Which values each setting allows: the tables of choices and ranges, and the rules between keys.
+
+Keys are full paths (`model.d_model`); a command checks the keys it has. `section_problems` applies the
+tables to a config section and lists every problem, one message each, so that `config.validate` (and a
+section's own `check()`) can report them all at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from transformer_mt.errors import ConfigError
+
+if TYPE_CHECKING:  # types only: the schemas import this module
+    from transformer_mt.config import (
+        DatasetConfig,
+        DecodingConfig,
+        EvaluateConfig,
+        ExportConfig,
+        ModelConfig,
+        TokenizerConfig,
+        TrainConfig,
+        TrainingConfig,
+        TranslateConfig,
+    )
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "dataset.name": ("tatoeba", "opus_books"),
+    "tokenizer.kind": ("bpe", "wordlevel", "char"),
+    "model.activation": ("relu", "gelu"),
+    "model.positional": ("sinusoidal", "learned"),
+    "device.name": ("auto", "cpu", "cuda", "mps"),
+    "device.amp": ("auto", "off", "bf16", "fp16"),
+    "training.scheduler": ("noam", "linear", "cosine", "constant"),
+    "training.best_metric": ("bleu", "chrf", "loss", "cer", "wer"),
+    "split": ("test", "valid"),
+    "engine": ("pytorch", "ctranslate2"),
+    "format": ("ctranslate2",),
+    "quantization": ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
+                     "bfloat16", "float32"),
+}
+
+Rule = tuple[Callable[[Any], bool], str]  # (is the value allowed?, what it must be)
+
+
+def at_least(low: float, or_null: bool = False) -> Rule:
+    """value >= low (or None, when or_null)."""
+    return (lambda v: (or_null and v is None) or (v is not None and v >= low),
+            f">= {low}{' or null' if or_null else ''}")
+
+
+PROBABILITY: Rule = (lambda v: 0.0 <= v < 1.0, "in [0, 1)")
+POSITIVE: Rule = (lambda v: v > 0, "> 0")
+
+RANGES: dict[str, Rule] = {
+    "dataset.max_pairs": at_least(10, or_null=True),
+    "dataset.min_len": at_least(0),
+    "dataset.valid_size": at_least(1),
+    "dataset.test_size": at_least(0),
+    "tokenizer.min_frequency": at_least(1),
+    **{f"model.{k}": at_least(1) for k in ("d_model", "n_heads", "d_ff", "encoder_layers",
+                                            "decoder_layers", "max_positions")},
+    **{f"model.{k}": PROBABILITY for k in ("dropout", "attention_dropout", "activation_dropout")},
+    "model.layer_norm_eps": POSITIVE,
+    "device.num_threads": at_least(1, or_null=True),
+    "device.num_interop_threads": at_least(1, or_null=True),
+    "training.epochs": at_least(1),
+    "training.batch_tokens": at_least(16),
+    "training.accumulate": at_least(1),
+    "training.lr": POSITIVE,
+    "training.warmup_steps": at_least(0),
+    "training.min_lr": at_least(0),
+    "training.label_smoothing": PROBABILITY,
+    "training.clip_grad_norm": at_least(0),
+    "training.log_every": at_least(1),
+    "training.valid_max_sentences": at_least(1),
+    "training.valid_every_steps": at_least(0),
+    "training.keep_last": at_least(1),
+    "training.patience": at_least(0),
+    "training.save_every_steps": at_least(0),
+    "training.max_bad_steps": at_least(1),
+    "training.max_minutes": (lambda v: v is None or v > 0, "> 0 or null"),
+    "training.num_samples": at_least(0),
+    "training.betas": (lambda v: len(v) == 2 and all(0.0 <= b < 1.0 for b in v), "two numbers in [0, 1)"),
+    "decoding.beam_size": at_least(1),
+    "decoding.max_len_a": at_least(0),
+    "decoding.max_len_b": at_least(1),
+    "decoding.batch_tokens": at_least(1),
+    "decoding.temperature": POSITIVE,
+    "decoding.top_k": at_least(0),
+    "decoding.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "max_sentences": at_least(1, or_null=True),
+    "max_input_tokens": at_least(1, or_null=True),
+}
+
+SPECIAL_TOKENS = 4  # <pad> <bos> <eos> <unk>, ids 0-3 (transformer_mt.tokenizer)
+BYTE_ALPHABET = 256  # byte-level BPE starts from every byte
+
+
+def min_vocab_size(kind: str) -> int:
+    """The smallest vocabulary a tokenizer kind can be trained with."""
+    return SPECIAL_TOKENS + (BYTE_ALPHABET if kind == "bpe" else 1)
+
+
+def _model_relations(m: ModelConfig) -> list[str]:
+    found = []
+    if m.n_heads >= 1 and m.d_model % m.n_heads:
+        example = m.n_heads * max(1, m.d_model // m.n_heads)
+        found.append(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}; "
+                     f"pick d_model a multiple of n_heads (e.g. {example})")
+    if m.positional == "sinusoidal" and m.d_model % 2:
+        found.append(f"model.d_model={m.d_model} must be even for sinusoidal positions")
+    return found
+
+
+def _dataset_relations(d: DatasetConfig) -> list[str]:
+    found = out_of_range("dataset.max_len", d.max_len, d.max_len >= max(1, d.min_len),
+                         f">= dataset.min_len ({d.min_len}) and >= 1")
+    if {d.src_lang, d.tgt_lang} != {"en", "fr"}:  # the two corpora hold English-French pairs only
+        found.append(f"dataset.src_lang={d.src_lang!r}, dataset.tgt_lang={d.tgt_lang!r}: use en and fr "
+                     "(either order)")
+    return found
+
+
+def _tokenizer_relations(t: TokenizerConfig) -> list[str]:
+    minimum = min_vocab_size(t.kind)
+    parts = f"{SPECIAL_TOKENS} special tokens + {'256 bytes' if t.kind == 'bpe' else '1 symbol'}"
+    return out_of_range("tokenizer.vocab_size", t.vocab_size, t.vocab_size >= minimum,
+                        f">= {minimum} for tokenizer={t.kind} ({parts})")
+
+
+def _training_relations(t: TrainingConfig) -> list[str]:
+    return out_of_range("training.average_last", t.average_last, 0 <= t.average_last <= t.keep_last,
+                        f"between 0 and training.keep_last ({t.keep_last}), since only kept "
+                        "checkpoints average")
+
+
+def _decoding_relations(dc: DecodingConfig) -> list[str]:
+    return out_of_range("decoding.n_best", dc.n_best, 1 <= dc.n_best <= dc.beam_size,
+                        f"between 1 and decoding.beam_size ({dc.beam_size})")
+
+
+def _train_relations(cfg: TrainConfig) -> list[str]:
+    found = []
+    if cfg.model.tie_embeddings and not cfg.tokenizer.joint:
+        found.append("model.tie_embeddings=true needs tokenizer.joint=true; set one of them to false")
+    if cfg.dataset.max_len + 2 > cfg.model.max_positions:
+        found.append(f"dataset.max_len={cfg.dataset.max_len} needs model.max_positions >= "
+                     f"{cfg.dataset.max_len + 2}")
+    return found
+
+
+_CHECKPOINT = "checkpoint= is required: a .pt file or a run directory under saved_weights/"
+
+
+def _translate_relations(cfg: TranslateConfig) -> list[str]:
+    if cfg.engine == "ctranslate2":
+        found = [] if cfg.model_dir else ["engine=ctranslate2 needs model_dir=<directory written by "
+                                          "`transformer-mt export checkpoint=...`>"]
+        if cfg.device.name == "mps":
+            found.append("engine=ctranslate2 runs on cpu or cuda, not mps; set device=cpu")
+        return found
+    return [] if cfg.checkpoint else [_CHECKPOINT]
+
+
+def _needs_checkpoint(cfg: EvaluateConfig | ExportConfig) -> list[str]:
+    return [] if cfg.checkpoint else [_CHECKPOINT]
+
+
+# Rules between keys, by schema: a section's own, then a command's across its sections.
+RELATIONS: dict[str, Callable[[Any], list[str]]] = {
+    "ModelConfig": _model_relations, "DatasetConfig": _dataset_relations,
+    "TokenizerConfig": _tokenizer_relations, "TrainingConfig": _training_relations,
+    "DecodingConfig": _decoding_relations, "TrainConfig": _train_relations,
+    "TranslateConfig": _translate_relations, "EvaluateConfig": _needs_checkpoint,
+    "ExportConfig": _needs_checkpoint,
+}
+
+
+def out_of_range(key: str, value: Any, ok: bool, allowed: str) -> list[str]:
+    """[] when ok, else the one message for a value out of its range."""
+    return [] if ok else [f"{key}={value!r} is out of range; it must be {allowed}"]
+
+
+def raise_if(problems: list[str]) -> None:
+    """One ConfigError for all problems, joined into one line."""
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def section_problems(obj: Any, prefix: str = "") -> list[str]:
+    """Choices and ranges of every field of a config (its sections recursively), then its relations."""
+    found: list[str] = []
+    for f in dataclasses.fields(obj):
+        key, value = f"{prefix}{f.name}", getattr(obj, f.name)
+        if dataclasses.is_dataclass(value) and hasattr(type(value), "KEY"):  # a section: its own rules
+            found += section_problems(value, f"{type(value).KEY}.")
+        elif key in CHOICES and value not in CHOICES[key]:
+            found.append(f"{key}={value!r} is not allowed; choose one of: {', '.join(CHOICES[key])}")
+        elif key in RANGES and not RANGES[key][0](value):
+            found += out_of_range(key, value, False, RANGES[key][1])
+    relations = RELATIONS.get(type(obj).__name__)
+    return found + (relations(obj) if relations else [])

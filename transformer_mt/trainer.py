@@ -1,0 +1,392 @@
+"""The Trainer: from a typed config to checkpoints, in one readable loop.
+
+`Trainer.__init__` sets up the run (device, data and tokenizer, model, optimizer, schedule, records);
+`fit` trains epoch after epoch (`train_epoch`, one optimizer step at a time), validates and keeps a
+checkpoint at each epoch's end (and every `valid_every_steps`), until `should_stop` gives a reason.
+Every checkpoint records the position inside the epoch and all random state, so `resume=` continues
+exactly where the run stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from transformer_mt import checkpoint as ckpt
+from transformer_mt import distributed, loss
+from transformer_mt.config import TrainConfig, TrainingError
+from transformer_mt.data import Batch, PreparedData, TokenBatchSampler, prepare_data
+from transformer_mt.metrics import improves
+from transformer_mt.optim import build_optimizer, build_scheduler, clip_gradients
+from transformer_mt.records import RunRecords, hparams
+from transformer_mt.runtime import (
+    Interrupt,
+    TrainingClock,
+    amp_dtype,
+    autocast,
+    check_writable,
+    configure_threads,
+    rng_state,
+    seed_everything,
+    select_device,
+    set_rng_state,
+)
+from transformer_mt.tokenizer import Vocabulary
+from transformer_mt.validation import Validator
+
+log = logging.getLogger(__name__)
+AVERAGED = "averaged.pt"
+INTERRUPTED = "interrupted"
+
+
+@dataclass
+class Window:
+    """Loss and target tokens since the last progress line."""
+
+    loss: float = 0.0
+    batches: int = 0
+    tokens: int = 0
+    start: float = field(default_factory=time.perf_counter)
+
+
+class Trainer:
+    """Owns the model, optimizer, schedule and data of one run, and the loop that trains them."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path, overrides: Sequence[str] = (), job: int | None = None,
+                 resume_from: tuple[Path, dict[str, Any]] | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        """`overrides` and `job` (its number in a sweep) go into the checkpoints and result.json;
+        `resume_from` is a checkpoint already loaded; `clock` reads seconds (tests pass a fake one)."""
+        self.cfg, self.run_dir, self.overrides, self.job = cfg, run_dir, list(overrides), job
+        t = cfg.training
+        self.world = distributed.current()
+        self.started = time.perf_counter()
+        if self.world.is_main:
+            check_writable(run_dir, t.min_free_mib)
+        configure_threads(cfg.device)
+        self.device = distributed.rank_device(select_device(cfg.device), self.world)
+        self.amp = amp_dtype(cfg.device, self.device)
+        seed_everything(cfg.seed)
+        if resume_from is None and cfg.resume:
+            resume_from = ckpt.load_latest_good(cfg.resume)
+        state = resume_from[1] if resume_from else None
+        if resume_from:
+            log.info("resuming from %s", resume_from[0])
+
+        self.data = self._prepare_data(Vocabulary.from_json(state["tokenizer"]) if state else None)
+        self.vocab = self.data.vocab
+        self.model = ckpt.build_model(cfg.model, self.vocab).to(self.device)
+        self.optimizer = build_optimizer(self.model, t, self.device)
+        self.sampler = TokenBatchSampler(self.data.train.lengths(), t.batch_tokens, seed=cfg.seed)
+        self.clock = TrainingClock(t.max_minutes, now=clock)  # before the schedule, which reads it
+        steps_per_epoch = math.ceil(self.sampler.num_batches(self.world.size) / t.accumulate)
+        self.scheduler = build_scheduler(self.optimizer, t, steps_per_epoch * t.epochs, self.clock.used)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == torch.float16)
+
+        self.epoch = 0  # the epoch in progress (0-based)
+        self.batch_in_epoch = 0  # micro-batches of it already done
+        self.step = 0  # optimizer steps
+        self.best: dict[str, Any] = {"metric": t.best_metric, "value": None, "epoch": None}
+        self.bad_epochs = 0  # validations without improvement (patience)
+        self.bad_steps = 0  # consecutive non-finite losses
+        self.interrupt = Interrupt()
+        self.validated_at_step = False  # the last step was validated and saved already
+        if state:
+            self._restore(state)
+        forward = torch.compile(self.model, dynamic=True) if cfg.device.compile else self.model
+        self.parallel = distributed.wrap(forward, self.world, self.device)  # what training calls
+        self.session_tokens, self.session_start_seconds = 0, self.clock.seconds  # for result.json
+        # A resumed run redoes the steps after its checkpoint: their old events are purged.
+        self.records = RunRecords(run_dir, self.world.is_main, self.step + 1 if self.step else None)
+        self.validate = Validator(self.model, self.vocab, self.data.valid, cfg, self.device, self.amp,
+                                  self.records)
+        log.info("run directory: %s", run_dir)
+        log.info("device %s%s, %d threads%s; model %.2fM parameters; %s", self.device,
+                 f" (amp {self.amp})" if self.amp else "", torch.get_num_threads(),
+                 f", {self.world.size} processes (DDP)" if self.world.distributed else "",
+                 self.model.num_parameters() / 1e6, self.data.summary())
+
+    def _prepare_data(self, vocab: Vocabulary | None) -> PreparedData:
+        """Rank 0 trains the tokenizer and writes the split; the other ranks then encode with its tokenizer.
+
+        Sharing the tokenizer's JSON rather than a file keeps ranks on other machines in step without a
+        shared disk, and only rank 0 writes into the run directory.
+        """
+        cfg = self.cfg
+        if self.world.is_main:
+            data = prepare_data(cfg.dataset, cfg.tokenizer, self.run_dir, vocab=vocab)
+            distributed.from_main(data.vocab.to_json(), self.world)
+            return data
+        tokenizer = distributed.from_main("", self.world)
+        return prepare_data(cfg.dataset, cfg.tokenizer, None, vocab=Vocabulary.from_json(tokenizer))
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint: weights, optimizer, schedule, scaler, position, clock and RNG."""
+        ckpt.check_resumable(state, self.model, self.world.size)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.epoch, self.batch_in_epoch, self.step = state["epoch"], state["batch_in_epoch"], state["step"]
+        self.best, self.bad_epochs = state["best"], state["bad_epochs"]
+        self.clock.seconds = state["train_seconds"]
+        set_rng_state(state["rng"])
+        log.info("resumed at epoch %d, batch %d, step %d, lr %.3g", self.epoch + 1,
+                 self.batch_in_epoch, self.step, self.scheduler.get_last_lr()[0])
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def fit(self) -> float:
+        """Train until `should_stop` gives a reason; return the best validation metric."""
+        t = self.cfg.training
+        if self.step == 0:
+            self.records.text("config", f"```\n{OmegaConf.to_yaml(OmegaConf.structured(self.cfg))}\n```", 0)
+        self.clock.start()
+        with self.interrupt:
+            reason = self.should_stop()
+            while not reason:
+                reason = self.train_epoch()
+                if reason != INTERRUPTED and not self.validated_at_step:  # the epoch's end, or a stop
+                    reason = self._validate_and_save() or reason
+        if reason == INTERRUPTED:
+            self._save(tag="interrupt")
+            log.warning("stopped; continue with: transformer-mt train resume=%s", self.run_dir)
+            return self._best_value()
+        log.info("stopping: %s", reason)
+        if t.average_last >= 2 and self.world.is_main:
+            self._average_last(t.average_last)
+        self._report()
+        log.info("best %s %.2f at epoch %s, step %s; checkpoints in %s", t.best_metric, self._best_value(),
+                 self.best["epoch"], self.best.get("step"), self.run_dir)
+        return self._best_value()
+
+    def should_stop(self) -> str:
+        """Why training must stop now ('' to go on): the same answer on every rank, and for a run
+        resumed from the checkpoint written at this point (the clock has not moved since)."""
+        t = self.cfg.training
+        if self.interrupt.requested:
+            return INTERRUPTED
+        if t.patience and self.bad_epochs >= t.patience:
+            return f"no improvement in {t.patience} validations"
+        if self.clock.used() >= 1:
+            return f"time budget of {t.max_minutes} minutes reached"
+        if self.epoch >= t.epochs:
+            return f"training.epochs={t.epochs} reached"
+        return ""
+
+    def train_epoch(self) -> str:
+        """One pass over the epoch's shuffled batches (from where a resumed run left off); a reason to stop
+        early ('' at the epoch's end)."""
+        t = self.cfg.training
+        batches = self.sampler.batches(self.epoch, self.world.rank, self.world.size)
+        self.epoch_batches = len(batches)
+        # The loss of an optimizer step is normalised by the target tokens of the whole step: all its
+        # micro-batches on all ranks (loss.py). Every rank computes the same totals.
+        every_rank = self.sampler.batches(self.epoch)[:len(batches) * self.world.size]
+        step_tokens = loss.step_tokens(every_rank, self.data.train.tgt_lens, t.accumulate * self.world.size)
+        self.model.train()
+        self.validated_at_step = False
+        window = Window()
+        bar = tqdm(total=len(batches), initial=self.batch_in_epoch, desc=f"epoch {self.epoch + 1}",
+                   disable=not t.progress or not self.world.is_main, dynamic_ncols=True, leave=False)
+        with bar:
+            for index in range(self.batch_in_epoch, len(batches)):
+                batch = self.data.train.batch(batches[index]).to(self.device)
+                ends_step = (index + 1) % t.accumulate == 0 or index + 1 == len(batches)
+                value = self.train_step(batch, index, step_tokens[index // t.accumulate], ends_step)
+                self.batch_in_epoch = index + 1
+                if value is None:  # a non-finite loss: skipped
+                    continue
+                self.validated_at_step = False
+                window.loss, window.batches = window.loss + value, window.batches + 1
+                window.tokens += batch.n_tgt_tokens
+                self.session_tokens += batch.n_tgt_tokens
+                if not ends_step:
+                    continue
+                grad_norm = self.optimizer_step()
+                bar.update(self.batch_in_epoch - bar.n)
+                if self.step % t.log_every == 0 or self.batch_in_epoch == len(batches):
+                    self._log_progress(window, grad_norm, bar)
+                    window = Window()
+                else:
+                    bar.set_postfix(loss=f"{value:.3f}", refresh=False)
+                reason = self._after_step()
+                if reason:
+                    return reason
+        return ""
+
+    def train_step(self, batch: Batch, index: int, step_tokens: int, ends_step: bool) -> float | None:
+        """Forward and backward of one micro-batch; its mean loss, or None when the loss was not finite."""
+        distributed.set_grad_sync(self.parallel, ends_step)  # DDP: all-reduce once per optimizer step
+        try:
+            with autocast(self.device, self.amp):
+                logits = self.parallel(batch.src, batch.tgt_in)  # (B, T, V)
+            summed = loss.summed_nll(logits, batch.tgt_out, self.cfg.training.label_smoothing)
+            mean = summed / batch.n_tgt_tokens
+            # Under DDP every rank must run backward; a non-finite loss then shows in the gradient.
+            if not torch.isfinite(mean) and not self.world.distributed:
+                self._skip_bad_step(mean, index)
+                return None
+            weight = batch.n_tgt_tokens * self.world.size / step_tokens  # DDP then averages over ranks
+            self.scaler.scale(mean * weight).backward()
+        except torch.OutOfMemoryError as ex:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise TrainingError(
+                f"out of memory on a batch of {batch.src.numel() + batch.tgt_in.numel()} padded tokens "
+                f"({tuple(batch.src.shape)} source, {tuple(batch.tgt_in.shape)} target); lower "
+                f"training.batch_tokens={self.cfg.training.batch_tokens} (use training.accumulate to keep "
+                "the effective batch) and resume=... from the last checkpoint") from ex
+        self.bad_steps = 0
+        return mean.item()
+
+    def optimizer_step(self) -> float:
+        """Clip, step, schedule; the gradient norm. Ranks first agree on the clock and on an interrupt."""
+        self.clock.tick()
+        if self.world.distributed:  # the clock sets the learning rate, and all ranks stop together
+            flag, self.clock.seconds = distributed.all_max([float(self.interrupt.requested),
+                                                           self.clock.seconds], self.world)
+            self.interrupt.requested = flag > 0
+        self.scaler.unscale_(self.optimizer)
+        grad_norm = clip_gradients(self.model, self.cfg.training.clip_grad_norm)
+        if not math.isfinite(grad_norm) and not self.scaler.is_enabled():
+            # fp16's GradScaler skips such steps itself; elsewhere one would poison every weight.
+            self._skip_bad_step(torch.tensor(grad_norm), self.batch_in_epoch - 1, what="gradient")
+            return grad_norm
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+        return grad_norm
+
+    def _after_step(self) -> str:
+        """Validate or save when the step calls for it; then whether to stop."""
+        t = self.cfg.training
+        if t.valid_every_steps and self.step % t.valid_every_steps == 0:
+            if self.batch_in_epoch == self.epoch_batches:  # the epoch's own validation follows
+                return ""
+            reason = self._validate_and_save()
+            self.validated_at_step = True
+            self.model.train()
+            return reason or self.should_stop()
+        if t.save_every_steps and self.step % t.save_every_steps == 0:
+            self._save(tag="latest")
+        return self.should_stop()
+
+    def _skip_bad_step(self, value: torch.Tensor, index: int, what: str = "loss") -> None:
+        """A non-finite loss or gradient changes nothing; too many in a row means divergence."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.bad_steps += 1
+        limit = self.cfg.training.max_bad_steps
+        log.warning("non-finite %s (%s) at batch %d of epoch %d: step skipped (%d/%d in a row)",
+                    what, value.item(), index + 1, self.epoch + 1, self.bad_steps, limit)
+        if self.bad_steps >= limit:
+            raise TrainingError(f"{limit} non-finite values in a row: the run diverged; the last good "
+                                f"checkpoint in {self.run_dir} is intact. Lower training.lr="
+                                f"{self.cfg.training.lr} or raise training.warmup_steps, then resume")
+
+    # -- validation, checkpoints and records ------------------------------------------------------
+    def _validate_and_save(self) -> str:
+        """Validate (rank 0), update the best, keep a checkpoint (epoch_NNN.pt at the end of an epoch,
+        else step_NNNNNNN.pt); a reason to stop, decided before the checkpoint is written."""
+        improved = False
+        if self.world.is_main:
+            result = self.validate(self.step, self.epoch + 1, self.clock.seconds / 60)
+            improved = self._update_best(result.metric(self.cfg.training.best_metric))
+        # Every rank learns the best so far (patience), and takes rank 0's clock: the same stop everywhere.
+        self.clock.tick()
+        improved, self.best, self.bad_epochs, self.clock.seconds = distributed.from_main(
+            (improved, self.best, self.bad_epochs, self.clock.seconds), self.world)
+        end_of_epoch = self.batch_in_epoch == self.epoch_batches
+        if end_of_epoch:
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+        reason = self.should_stop()  # writing the checkpoint counts at the next tick
+        self._save(tag="epoch" if end_of_epoch else "step", improved=improved)
+        return reason
+
+    def _update_best(self, value: float) -> bool:
+        """Record a validation's metric; True when it is the best so far (a NaN never is)."""
+        if not improves(self.best["metric"], value, self.best["value"]):
+            self.bad_epochs += 1
+            return False
+        self.best = {"metric": self.best["metric"], "value": value, "epoch": self.epoch + 1,
+                     "step": self.step}
+        self.bad_epochs = 0
+        return True
+
+    def _average_last(self, k: int) -> None:
+        """Average the last k checkpoints; keep the result as best.pt only if validation agrees."""
+        paths = ckpt.numbered_checkpoints(self.run_dir)[-k:]
+        if len(paths) < 2:
+            log.info("checkpoint averaging skipped: only %d checkpoint(s) to average", len(paths))
+            return
+        name = self.cfg.training.best_metric
+        epoch = self.epoch + (1 if self.batch_in_epoch else 0)
+        state, value = self.validate.average(paths, self.step, epoch, self.clock.seconds / 60, name)
+        best = self.best["value"]
+        keep = improves(name, value, best, ties=True)
+        log.info("average of %s: valid %s %.2f vs best single checkpoint %.2f: %s",
+                 ", ".join(p.name for p in paths), name, value, self._best_value(),
+                 "kept as best.pt" if keep else "discarded")
+        self.records.scalars("valid", {f"averaged_{name}_gain": value - (best or 0.0)}, self.step)
+        if keep:
+            state["best"] = self.best = {"metric": name, "value": value, "epoch": epoch, "step": self.step,
+                                         "averaged": len(paths)}
+            ckpt.save_checkpoint(state, self.run_dir / AVERAGED)
+            ckpt.link_checkpoint(self.run_dir / AVERAGED, self.run_dir / ckpt.BEST)
+
+    def _best_value(self) -> float:
+        return float("nan") if self.best["value"] is None else float(self.best["value"])
+
+    def _save(self, tag: str, improved: bool = False) -> None:
+        """Write a checkpoint (rank 0): numbered for 'epoch'/'step' (the last keep_last are kept and
+        averaged at the end), else only latest.pt."""
+        if not self.world.is_main:
+            return
+        state = {
+            "model_config": ckpt.model_spec(self.model),
+            "config": OmegaConf.to_container(OmegaConf.structured(self.cfg), resolve=True),
+            "overrides": self.overrides, "tokenizer": self.vocab.to_json(), "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(), "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+            "step": self.step, "best": self.best, "bad_epochs": self.bad_epochs,
+            "train_seconds": self.clock.seconds, "world_size": self.world.size, "rng": rng_state(),
+        }
+        name = {"epoch": f"epoch_{self.epoch:03d}.pt", "step": f"step_{self.step:07d}.pt"}.get(tag)
+        path = ckpt.keep_checkpoint(state, self.run_dir, name, self.cfg.training.keep_last, improved)
+        log.info("saved %s (%s, epoch %d, step %d)%s", path.name, tag, self.epoch, self.step,
+                 " — new best" if improved else "")
+
+    def _log_progress(self, window: Window, grad_norm: float, bar: tqdm) -> None:
+        """The window's mean loss and speed: TensorBoard, the progress bar, or a log line without it."""
+        elapsed = time.perf_counter() - window.start
+        total_loss, batches, tokens = distributed.all_sum([window.loss, window.batches, window.tokens],
+                                                          self.world)
+        mean, lr, tok_s = total_loss / max(batches, 1), self.scheduler.get_last_lr()[0], tokens / elapsed
+        self.records.scalars("train", {"loss": mean, "lr": lr, "grad_norm": grad_norm,
+                                       "tgt_tokens_per_s": tok_s}, self.step)
+        bar.set_postfix(loss=f"{mean:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:.0f}")
+        if not self.cfg.training.progress:
+            log.info("epoch %d step %d (batch %d/%d): loss %.3f, lr %.2e, %.0f tgt tok/s", self.epoch + 1,
+                     self.step, self.batch_in_epoch, self.epoch_batches, mean, lr, tok_s)
+
+    def _report(self) -> None:
+        """result.json and the TensorBoard HParams entry: what sweeps compare runs by."""
+        self.clock.tick()
+        tokens, = distributed.all_sum([self.session_tokens], self.world)
+        seconds = self.clock.seconds - self.session_start_seconds
+        self.records.finish({
+            "job": self.job, "overrides": self.overrides, "best_metric": self.best["metric"],
+            "best_value": self._best_value(), "best_epoch": self.best["epoch"], "epochs": self.epoch,
+            "steps": self.step, "world_size": self.world.size, "train_seconds": self.clock.seconds,
+            "wall_seconds": time.perf_counter() - self.started,
+            "tgt_tokens_per_s": tokens / seconds if seconds > 0 else math.nan,
+        }, hparams(self.cfg, self.overrides, self.world.size), self.step)

@@ -1,0 +1,116 @@
+"""Validation during training: the loss on the whole valid split, BLEU/chrF/CER/WER of decoding its first
+`training.valid_max_sentences`, and their records (TensorBoard, metrics.jsonl, log lines).
+
+Training validates at each epoch's end and every `training.valid_every_steps`; checkpoint averaging
+validates the averaged weights the same way. Decoding goes through `translator.decode_ids`, the one path
+`evaluate` and `translate` use too, with the run's `decoding` settings (greedy by default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from transformer_mt.checkpoint import average_checkpoints
+from transformer_mt.config import DecodingConfig, TrainConfig
+from transformer_mt.data import EncodedSplit, TokenBatchSampler
+from transformer_mt.loss import summed_nll
+from transformer_mt.metrics import Scores, score
+from transformer_mt.model import Transformer
+from transformer_mt.records import RunRecords
+from transformer_mt.runtime import autocast
+from transformer_mt.tokenizer import Vocabulary
+from transformer_mt.translator import decode_ids
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Validation:
+    """The scores of one validation and the loss they were measured with."""
+
+    scores: Scores
+    loss: float
+
+    def metric(self, name: str) -> float:
+        """The value of `training.best_metric` (bleu, chrf, loss, cer or wer)."""
+        return self.loss if name == "loss" else float(getattr(self.scores, name))
+
+
+@torch.no_grad()
+def validation_loss(model: Transformer, split: EncodedSplit, batch_tokens: int, device: torch.device,
+                    amp: torch.dtype | None) -> float:
+    """Mean per-token negative log-likelihood (no label smoothing) with teacher forcing."""
+    was_training = model.training
+    model.eval()
+    total, tokens = 0.0, 0
+    for indices in TokenBatchSampler(split.lengths(), batch_tokens, shuffle=False).batches(0):
+        batch = split.batch(indices).to(device)
+        with autocast(device, amp):
+            logits = model(batch.src, batch.tgt_in)
+        total += float(summed_nll(logits, batch.tgt_out))
+        tokens += batch.n_tgt_tokens
+    model.train(was_training)
+    return total / max(tokens, 1)
+
+
+class Validator:
+    """Validates one run's model on its valid split and records the result."""
+
+    def __init__(self, model: Transformer, vocab: Vocabulary, valid: EncodedSplit, cfg: TrainConfig,
+                 device: torch.device, amp: torch.dtype | None, records: RunRecords) -> None:
+        self.model, self.vocab, self.valid = model, vocab, valid
+        self.training, self.device, self.amp, self.records = cfg.training, device, amp, records
+        self.decoding = DecodingConfig(**dataclasses.asdict(cfg.decoding))  # n-best 1, no sampling
+
+    def __call__(self, step: int, epoch: int, train_minutes: float, label: str = "") -> Validation:
+        """Validate the model as it is now; `label` names a variant (e.g. "averaged"), whose scalars go
+        to `valid_<label>/` and which leaves the step's attention image alone."""
+        t, valid = self.training, self.valid
+        started = time.perf_counter()
+        loss = validation_loss(self.model, valid, t.batch_tokens, self.device, self.amp)
+        n = min(t.valid_max_sentences, len(valid))
+        hyps = decode_ids(self.model, valid.src_ids[:n], self.decoding, self.device)
+        texts = self.vocab.decode_tgt([h[0].tokens for h in hyps])
+        result = Validation(score(texts, valid.tgt_text[:n]), loss)
+        tag = f"valid_{label}" if label else "valid"
+        if not label:
+            self.records.attention(self._attention(), step)
+        shown = range(min(t.num_samples, n))
+        samples = "\n\n".join(f"    {valid.src_text[i]}\n    → {texts[i]}\n    ({valid.tgt_text[i]})"
+                              for i in shown)
+        s = result.scores
+        record = {"epoch": epoch, "step": step, "valid_loss": loss, "train_minutes": train_minutes,
+                  **s.as_dict(), **({"model": label} if label else {})}
+        self.records.validation(tag, step, loss, s, samples, record)
+        log.info("epoch %d %s: loss %.3f, BLEU %.2f, chrF %.2f, CER %.3f, WER %.3f (%d sentences, %.1fs)",
+                 epoch, tag.replace("_", " "), loss, s.bleu, s.chrf, s.cer, s.wer, n,
+                 time.perf_counter() - started)
+        for i in shown:
+            log.info("  %s → %s", valid.src_text[i], texts[i])
+        return result
+
+    def average(self, paths: list[Path], step: int, epoch: int, train_minutes: float,
+                metric: str) -> tuple[dict[str, Any], float]:
+        """Validate the average of the checkpoints at paths (as "averaged"); the averaged checkpoint and
+        its metric. The model gets its own weights back afterwards."""
+        state = average_checkpoints(paths)
+        own = {name: value.clone() for name, value in self.model.state_dict().items()}
+        self.model.load_state_dict(state["model"])
+        try:
+            return state, self(step, epoch, train_minutes, label="averaged").metric(metric)
+        finally:
+            self.model.load_state_dict(own)
+
+    def _attention(self) -> torch.Tensor:
+        """The first validation sentence's greedy cross-attention (output rows × source columns)."""
+        greedy = dataclasses.replace(self.decoding, beam_size=1)
+        hyp = decode_ids(self.model, [self.valid.src_ids[0]], greedy, self.device,
+                         return_attention=True)[0][0]
+        return hyp.attention if hyp.attention is not None else torch.empty(0)
