@@ -145,3 +145,21 @@ def test_time_budget_stops_cleanly_with_a_checkpoint(tmp_path: Path, corpus: Pat
     state = load_checkpoint(run_dir / "latest.pt")
     assert 6 <= state["train_seconds"] < 30 and state["epoch"] < 1000  # stopped on the clock it saved
     assert state["scheduler"]["_last_lr"][0] < 2e-4  # the budget-aware decay had cooled down
+    assert state["validated"] and len(_records(run_dir)) == state["epoch"] + 1  # each epoch, and the stop
+
+
+def test_resumed_past_the_budget_it_validates_where_the_run_would_have(tmp_path: Path, corpus: Path) -> None:
+    """A latest.pt written after the budget ran out but before that step's validation (killed in
+    between): resuming it validates and keeps that step, as the run would have, then stops."""
+    run_dir = tmp_path / "run"
+    overrides = tiny_overrides(corpus, run_dir, **{
+        "training.epochs": 1000, "training.max_minutes": 0.1, "training.scheduler": "linear"})
+    Trainer(tmt.compose("train", overrides), run_dir, overrides, clock=FakeClock(0.25)).fit()
+    state = load_checkpoint(run_dir / "latest.pt")
+    state["validated"] = False
+    before = len(_records(run_dir))
+    save_checkpoint(state, run_dir / "latest.pt")
+    tmt.train([f"resume={run_dir}"])
+    records = _records(run_dir)
+    assert len(records) == before + 1 and records[-1]["step"] == state["step"]
+    assert load_checkpoint(run_dir / "latest.pt")["validated"]

@@ -74,9 +74,11 @@ def test_kill_9_then_resume_is_bit_exact(reference_run: Path, corpus: Path, tmp_
 
 
 def test_a_resumed_run_reads_its_checkpoint_once(reference_run: Path, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
     """The command line reads the checkpoint to replay the run's overrides; training then resumes
-    from that same state instead of loading the file again."""
+    from that same state instead of loading the file again. (Here with another best metric, whose
+    best starts anew.)"""
     from transformer_mt import checkpoint
 
     run_dir = tmp_path / "again"
@@ -86,9 +88,29 @@ def test_a_resumed_run_reads_its_checkpoint_once(reference_run: Path, tmp_path: 
     loads = []
     real = checkpoint.load_checkpoint
     monkeypatch.setattr(checkpoint, "load_checkpoint", lambda path, *a, **k: loads.append(path) or real(path))
-    tmt.train([f"resume={run_dir}", "training.epochs=3", "training.save_every_steps=0"])
+    tmt.train([f"resume={run_dir}", "training.epochs=3", "training.save_every_steps=0",
+               "training.best_metric=chrf"])
     assert loads == [run_dir / "epoch_002.pt"]
-    assert load_checkpoint(run_dir / "latest.pt")["epoch"] == 3
+    state = load_checkpoint(run_dir / "latest.pt")
+    assert state["epoch"] == 3 and state["best"]["metric"] == "chrf" and state["best"]["epoch"] == 3
+    assert "training.best_metric is now chrf (was bleu)" in caplog.text
+
+
+def test_a_run_saved_with_old_key_names_resumes(reference_run: Path, tmp_path: Path) -> None:
+    """Its saved overrides are carried over to today's names (or dropped, if train ignored them)."""
+    from transformer_mt.checkpoint import save_checkpoint
+    from transformer_mt.composition import with_resumed_overrides
+
+    state = load_checkpoint(reference_run / "epoch_002.pt")
+    state["overrides"] = [*state["overrides"], "training.valid_beam_size=2", "debug=false",
+                          "decoding.sampling=false"]
+    save_checkpoint(state, tmp_path / "epoch_002.pt")
+    overrides, loaded = with_resumed_overrides([f"resume={tmp_path}"])
+    assert "decoding.beam_size=2" in overrides and "traceback=false" in overrides
+    old = ("training.valid_beam_size=", "debug=false", "decoding.sampling=")
+    assert not any(o.startswith(old) for o in overrides) and "debug=tiny" in overrides  # the group stays
+    assert loaded is not None and loaded[0] == tmp_path / "epoch_002.pt"
+    assert tmt.compose("train", overrides).decoding.beam_size == 2
 
 
 def test_sigint_saves_a_checkpoint_and_says_how_to_resume(corpus: Path, tmp_path: Path) -> None:

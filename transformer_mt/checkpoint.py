@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from transformer_mt.config import CheckpointError, ModelConfig
+from transformer_mt.config import ModelConfig
+from transformer_mt.errors import CheckpointError
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import atomic_write
 from transformer_mt.tokenizer import PAD_ID, Vocabulary

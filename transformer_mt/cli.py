@@ -19,7 +19,8 @@ import hydra
 from omegaconf import DictConfig
 
 from transformer_mt.composition import MULTIRUN_FLAGS, precheck, register, split_flags, with_resumed_overrides
-from transformer_mt.config import CONFIG_DIR, SCHEMAS, UserError, to_dataclass, validate
+from transformer_mt.config import CONFIG_DIR, SCHEMAS, to_dataclass, validate
+from transformer_mt.errors import UserError
 
 COMMANDS = {
     "train": "train a model (checkpoints, TensorBoard logs and validation every epoch)",
@@ -92,7 +93,10 @@ def run_command(command: str, cfg: DictConfig, extras: Extras) -> Any:
         if command == "translate" and extras.text is not None:
             typed.text = extras.text
         if command == "train":
-            return _job(command)(typed, resume_from=extras.resume)
+            # Handed over once: the optimizer takes the checkpoint's tensors as its own, so each job
+            # of a sweep that resumes loads its own copy.
+            resume, extras.resume = extras.resume, None
+            return _job(command)(typed, resume_from=resume)
         return _job(command)(typed)
     except UserError as ex:
         if typed.traceback or os.environ.get("HYDRA_FULL_ERROR") == "1":

@@ -10,6 +10,7 @@ mistake ends the command at once with one line instead of a traceback in the mid
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from transformer_mt.config import (
     CONFIG_DIR,
+    IGNORED_BY_TRAIN,
     RENAMED,
     SCHEMAS,
     ConfigError,
@@ -33,6 +35,7 @@ from transformer_mt.config import (
     validate,
 )
 
+log = logging.getLogger(__name__)
 # Config options that come from Hydra plugins, and the extra that installs each.
 PLUGIN_EXTRAS = {"hydra/sweeper=optuna": "sweep", "hydra/launcher=joblib": "sweep",
                  "hydra/launcher=parallel": "sweep", "hydra/launcher=submitit_slurm": "slurm",
@@ -47,7 +50,7 @@ def _explicit_dir(root: DictConfig) -> str | None:
         value = OmegaConf.select(root, "checkpoint.dir", throw_on_missing=True)
     except Exception:  # noqa: BLE001 - `${hydra:runtime.output_dir}` is not known yet at this point
         return None
-    return str(value) if value else None
+    return str(Path(value).expanduser()) if value else None
 
 
 def _run_dir(default: str, *, _root_: DictConfig) -> str:
@@ -132,16 +135,35 @@ def with_resumed_overrides(overrides: Sequence[str]) -> tuple[list[str], tuple[P
 
     path, state = load_latest_good(resume[-1])
     saved = [o for o in state.get("overrides", []) if not o.startswith(("resume=", "checkpoint.dir="))]
-    return [*saved, *overrides], (path, state)
+    return [*_upgraded(saved), *overrides], (path, state)
 
 
 # -- checks before Hydra launches the jobs -----------------------------------------------------
+def _renamed(override: str) -> str | None:
+    """The old key an override uses, if it uses one (`debug=` is also the new group, with a name)."""
+    key, _, value = override.lstrip("+~").partition("=")
+    return key if key in RENAMED and (key != "debug" or value.lower() in ("true", "false")) else None
+
+
 def check_renamed(overrides: Sequence[str]) -> None:
     """An old key name fails with one line that names the new one."""
     for override in overrides:
-        key, _, value = override.lstrip("+~").partition("=")
-        if key in RENAMED and (key != "debug" or value.lower() in ("true", "false")):
-            raise ConfigError(unknown_key_message(key))
+        if _renamed(override):
+            raise ConfigError(unknown_key_message(_renamed(override)))
+
+
+def _upgraded(saved: Sequence[str]) -> list[str]:
+    """A resumed run's saved overrides in today's names; those train now refuses (it ignored them) go."""
+    out = []
+    for override in saved:
+        old, key = _renamed(override), override.partition("=")[0]
+        if old:
+            out.append(RENAMED[old][0] + override[override.index("="):])
+        elif key in IGNORED_BY_TRAIN:
+            log.warning("resume: dropping the run's override %s, which train never used", override)
+        else:
+            out.append(override)
+    return out
 
 
 def _sweep_values(override: Any) -> list[str]:
@@ -180,11 +202,13 @@ def _run_files_together(typed: Any, cfg: DictConfig) -> None:
     wanted = getattr(getattr(typed, "checkpoint", None), "dir", None)
     if not wanted or getattr(typed, "resume", None):
         return
-    hydra_dir, run_dir = Path(cfg.hydra.runtime.output_dir), Path(wanted).expanduser().resolve()
+    hydra_dir = Path(cfg.hydra.runtime.output_dir).resolve()  # links resolved on both sides
+    run_dir = Path(wanted).expanduser().resolve()
     if run_dir != hydra_dir and not run_dir.is_relative_to(hydra_dir):
-        raise ConfigError(f"checkpoint.dir={wanted} and Hydra's output directory {hydra_dir} differ, which "
-                        "would split the run's files; checkpoint.dir is the run directory: drop the "
-                        "hydra.run.dir / hydra.sweep.* override")
+        raise ConfigError(f"checkpoint.dir={wanted} and Hydra's output directory "
+                          f"{cfg.hydra.runtime.output_dir} differ, which would split the run's files; "
+                          "checkpoint.dir is the run directory: drop the hydra.run.dir / hydra.sweep.* "
+                          "override")
 
 
 def _shared_run_dirs(dirs: list[tuple[int, str | None]]) -> None:
@@ -228,7 +252,7 @@ MULTIRUN_FLAGS = {"-m", "--multirun"}
 
 def precheck(command: str, args: Sequence[str]) -> None:
     """Compose and validate every job as Hydra will, raising ConfigError with one line. With `--cfg`,
-    which prints the config instead of running it, an incomplete config (no checkpoint=) is fine."""
+    which prints the config instead of running it, what a run needs may be missing (no checkpoint=)."""
     flags, overrides = split_flags(args)
     if NO_PRECHECK_FLAGS & set(flags):
         return
@@ -240,7 +264,7 @@ def precheck(command: str, args: Sequence[str]) -> None:
     multirun, printing = bool(MULTIRUN_FLAGS & set(flags)), bool({"--cfg", "-c"} & set(flags))
     dirs: list[tuple[int, str | None]] = []
     for job, variant in enumerate(variants):
-        cfg, typed = _checked(command, variant, job if multirun else None, values=not printing)
+        cfg, typed = _checked(command, variant, job if multirun else None, complete=not printing)
         _run_files_together(typed, cfg)
         dirs.append((job, getattr(getattr(typed, "checkpoint", None), "dir", None)))
     if multirun and len(variants) == 1 and not cfg.hydra.sweeper._target_.endswith("BasicSweeper"):
@@ -250,16 +274,14 @@ def precheck(command: str, args: Sequence[str]) -> None:
 
 
 def _checked(command: str, overrides: Sequence[str], job_num: int | None,
-             values: bool = True) -> tuple[DictConfig, Any]:
-    """The composed config and its typed form (its values validated unless values=False), or
-    ConfigError with one line."""
+             complete: bool = True) -> tuple[DictConfig, Any]:
+    """The composed config and its validated typed form, or ConfigError with one line."""
     try:
         cfg = compose_hydra(command, overrides, job_num)
     except Exception as ex:  # noqa: BLE001 - composition errors come in many classes
         raise ConfigError(explain_composition_error(ex)) from ex
     typed = to_dataclass(cfg, SCHEMAS[command])
-    if values:
-        validate(typed)
+    validate(typed, complete)
     return cfg, typed
 
 

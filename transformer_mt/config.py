@@ -18,10 +18,15 @@ from typing import Any, ClassVar
 
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_mt.errors import CheckpointError, ConfigError, DataError, TrainingError, UserError
+from transformer_mt.errors import (  # noqa: F401 - re-exported: the errors come with the config
+    CheckpointError,
+    ConfigError,
+    DataError,
+    TrainingError,
+    UserError,
+)
 from transformer_mt.rules import raise_if, section_problems
 
-__all__ = ["CheckpointError", "ConfigError", "DataError", "TrainingError", "UserError"]  # one family
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
@@ -247,16 +252,21 @@ class ExportConfig:
 SCHEMAS: dict[str, type] = {"train": TrainConfig, "evaluate": EvaluateConfig, "translate": TranslateConfig,
                             "export": ExportConfig}
 
-# Keys that were renamed: the old name fails with one line that names the new one.
+# Keys that were renamed (old: new, why): the old name fails with one line that names the new one, and
+# the saved overrides of a run being resumed are carried over to the new name.
 RENAMED = {
-    "training.valid_beam_size": "decoding.beam_size (validation's search during train)",
-    "debug": "traceback (debug=<name> picks a debug config: configs/debug/)",
+    "training.valid_beam_size": ("decoding.beam_size", "validation's search during train"),
+    "debug": ("traceback", "debug=<name> picks a debug config: configs/debug/"),
 }
+# Keys `train` used to accept and ignore; a resumed run's saved overrides drop them.
+IGNORED_BY_TRAIN = ("decoding.n_best", "decoding.sampling", "decoding.temperature", "decoding.top_k",
+                    "decoding.top_p")
 
 
-def validate(cfg: Any) -> None:
-    """Raise ConfigError listing every impossible value of a command's typed config."""
-    raise_if(section_problems(cfg))
+def validate(cfg: Any, complete: bool = True) -> None:
+    """Raise ConfigError listing every impossible value of a command's typed config (and, when complete,
+    every missing one: a checkpoint= to evaluate, say)."""
+    raise_if(section_problems(cfg, complete=complete))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -278,7 +288,7 @@ def _unknown_keys(node: Any, schema: type, prefix: str = "") -> list[str]:
 def unknown_key_message(key: str) -> str:
     """What to say about a key the schema lacks: its new name if it was renamed, else a spelling hint."""
     if key in RENAMED:
-        return f"'{key}' was renamed: use {RENAMED[key]}"
+        return f"'{key}' was renamed: use {RENAMED[key][0]} ({RENAMED[key][1]})"
     return f"'{key}' is not a known key; check the spelling (`--cfg job` lists every key)"
 
 

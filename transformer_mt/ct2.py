@@ -29,7 +29,8 @@ from typing import Any
 import torch
 
 from transformer_mt.checkpoint import model_from_checkpoint
-from transformer_mt.config import ConfigError, DecodingConfig, ExportConfig, validate
+from transformer_mt.config import DecodingConfig, ExportConfig, validate
+from transformer_mt.errors import ConfigError
 from transformer_mt.model import Transformer
 from transformer_mt.search import gnmt_penalty, max_output_length
 from transformer_mt.tokenizer import BOS, BOS_ID, EOS, EOS_ID, PAD_ID, UNK, UNK_ID, Vocabulary

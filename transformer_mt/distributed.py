@@ -14,12 +14,18 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from transformer_mt.config import ConfigError
+from transformer_mt.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformer_mt.config import DatasetConfig, TokenizerConfig
+    from transformer_mt.data import PreparedData
+    from transformer_mt.tokenizer import Vocabulary
 
 T = TypeVar("T")
 # Rank 0 may validate for a while as the others wait in a collective: don't time them out too soon.
@@ -95,6 +101,21 @@ def share_start_time(world: World) -> None:
 def start_time() -> datetime:
     """The shared start time under torchrun, the current time otherwise."""
     return _start if _start is not None else datetime.now()
+
+
+def prepare_data(dataset: DatasetConfig, tokenizer: TokenizerConfig, run_dir: Path,
+                 vocab: Vocabulary | None, world: World) -> PreparedData:
+    """`data.prepare_data` on every rank: rank 0 trains the tokenizer (unless vocab is given) and writes
+    the split into run_dir; the others then encode with its tokenizer. Sharing the tokenizer's JSON
+    rather than a file keeps ranks on other machines in step without a shared disk."""
+    from transformer_mt.data import prepare_data as prepare
+    from transformer_mt.tokenizer import Vocabulary
+
+    if world.is_main:
+        data = prepare(dataset, tokenizer, run_dir, vocab=vocab)
+        from_main(data.vocab.to_json(), world)
+        return data
+    return prepare(dataset, tokenizer, None, vocab=Vocabulary.from_json(from_main("", world)))
 
 
 def rank_device(device: torch.device, world: World) -> torch.device:

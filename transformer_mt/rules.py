@@ -156,12 +156,15 @@ _CHECKPOINT = "checkpoint= is required: a .pt file or a run directory under save
 
 
 def _translate_relations(cfg: TranslateConfig) -> list[str]:
+    if cfg.engine == "ctranslate2" and cfg.device.name == "mps":
+        return ["engine=ctranslate2 runs on cpu or cuda, not mps; set device=cpu"]
+    return []
+
+
+def _translate_needs(cfg: TranslateConfig) -> list[str]:
     if cfg.engine == "ctranslate2":
-        found = [] if cfg.model_dir else ["engine=ctranslate2 needs model_dir=<directory written by "
-                                          "`transformer-mt export checkpoint=...`>"]
-        if cfg.device.name == "mps":
-            found.append("engine=ctranslate2 runs on cpu or cuda, not mps; set device=cpu")
-        return found
+        return [] if cfg.model_dir else ["engine=ctranslate2 needs model_dir=<directory written by "
+                                         "`transformer-mt export checkpoint=...`>"]
     return [] if cfg.checkpoint else [_CHECKPOINT]
 
 
@@ -174,7 +177,11 @@ RELATIONS: dict[str, Callable[[Any], list[str]]] = {
     "ModelConfig": _model_relations, "DatasetConfig": _dataset_relations,
     "TokenizerConfig": _tokenizer_relations, "TrainingConfig": _training_relations,
     "DecodingConfig": _decoding_relations, "TrainConfig": _train_relations,
-    "TranslateConfig": _translate_relations, "EvaluateConfig": _needs_checkpoint,
+    "TranslateConfig": _translate_relations,
+}
+# What a command cannot run without (`--cfg job` prints a config without them).
+REQUIRED: dict[str, Callable[[Any], list[str]]] = {
+    "TranslateConfig": _translate_needs, "EvaluateConfig": _needs_checkpoint,
     "ExportConfig": _needs_checkpoint,
 }
 
@@ -190,8 +197,9 @@ def raise_if(problems: list[str]) -> None:
         raise ConfigError("; ".join(problems))
 
 
-def section_problems(obj: Any, prefix: str = "") -> list[str]:
-    """Choices and ranges of every field of a config (its sections recursively), then its relations."""
+def section_problems(obj: Any, prefix: str = "", complete: bool = True) -> list[str]:
+    """Choices and ranges of every field of a config (its sections recursively), then its relations;
+    with complete, also what it cannot run without."""
     found: list[str] = []
     for f in dataclasses.fields(obj):
         key, value = f"{prefix}{f.name}", getattr(obj, f.name)
@@ -201,5 +209,6 @@ def section_problems(obj: Any, prefix: str = "") -> list[str]:
             found.append(f"{key}={value!r} is not allowed; choose one of: {', '.join(CHOICES[key])}")
         elif key in RANGES and not RANGES[key][0](value):
             found += out_of_range(key, value, False, RANGES[key][1])
-    relations = RELATIONS.get(type(obj).__name__)
-    return found + (relations(obj) if relations else [])
+    for table in (RELATIONS, REQUIRED) if complete else (RELATIONS,):
+        found += table[type(obj).__name__](obj) if type(obj).__name__ in table else []
+    return found

@@ -22,7 +22,8 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from transformer_mt.config import ConfigError, DeviceConfig
+from transformer_mt.config import DeviceConfig
+from transformer_mt.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

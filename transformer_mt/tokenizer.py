@@ -25,7 +25,8 @@ from pathlib import Path
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from transformer_mt import rules
-from transformer_mt.config import ConfigError, TokenizerConfig
+from transformer_mt.config import TokenizerConfig
+from transformer_mt.errors import ConfigError
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS: list[str] = [PAD, BOS, EOS, UNK]

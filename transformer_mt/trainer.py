@@ -23,8 +23,9 @@ from tqdm import tqdm
 
 from transformer_mt import checkpoint as ckpt
 from transformer_mt import distributed, loss
-from transformer_mt.config import TrainConfig, TrainingError
-from transformer_mt.data import Batch, PreparedData, TokenBatchSampler, prepare_data
+from transformer_mt.config import TrainConfig
+from transformer_mt.data import Batch, TokenBatchSampler
+from transformer_mt.errors import TrainingError
 from transformer_mt.metrics import improves
 from transformer_mt.optim import build_optimizer, build_scheduler, clip_gradients
 from transformer_mt.records import RunRecords, hparams
@@ -82,13 +83,15 @@ class Trainer:
         if resume_from:
             log.info("resuming from %s", resume_from[0])
 
-        self.data = self._prepare_data(Vocabulary.from_json(state["tokenizer"]) if state else None)
+        vocab = Vocabulary.from_json(state["tokenizer"]) if state else None  # resuming: the run's own
+        self.data = distributed.prepare_data(cfg.dataset, cfg.tokenizer, run_dir, vocab, self.world)
         self.vocab = self.data.vocab
         self.model = ckpt.build_model(cfg.model, self.vocab).to(self.device)
         self.optimizer = build_optimizer(self.model, t, self.device)
         self.sampler = TokenBatchSampler(self.data.train.lengths(), t.batch_tokens, seed=cfg.seed)
         self.clock = TrainingClock(t.max_minutes, now=clock)  # before the schedule, which reads it
-        steps_per_epoch = math.ceil(self.sampler.num_batches(self.world.size) / t.accumulate)
+        self.epoch_batches = self.sampler.num_batches(self.world.size)  # this rank's, every epoch
+        steps_per_epoch = math.ceil(self.epoch_batches / t.accumulate)
         self.scheduler = build_scheduler(self.optimizer, t, steps_per_epoch * t.epochs, self.clock.used)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == torch.float16)
 
@@ -115,20 +118,6 @@ class Trainer:
                  f", {self.world.size} processes (DDP)" if self.world.distributed else "",
                  self.model.num_parameters() / 1e6, self.data.summary())
 
-    def _prepare_data(self, vocab: Vocabulary | None) -> PreparedData:
-        """Rank 0 trains the tokenizer and writes the split; the other ranks then encode with its tokenizer.
-
-        Sharing the tokenizer's JSON rather than a file keeps ranks on other machines in step without a
-        shared disk, and only rank 0 writes into the run directory.
-        """
-        cfg = self.cfg
-        if self.world.is_main:
-            data = prepare_data(cfg.dataset, cfg.tokenizer, self.run_dir, vocab=vocab)
-            distributed.from_main(data.vocab.to_json(), self.world)
-            return data
-        tokenizer = distributed.from_main("", self.world)
-        return prepare_data(cfg.dataset, cfg.tokenizer, None, vocab=Vocabulary.from_json(tokenizer))
-
     def _restore(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint: weights, optimizer, schedule, scaler, position, clock and RNG."""
         ckpt.check_resumable(state, self.model, self.world.size)
@@ -138,6 +127,13 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.epoch, self.batch_in_epoch, self.step = state["epoch"], state["batch_in_epoch"], state["step"]
         self.best, self.bad_epochs = state["best"], state["bad_epochs"]
+        if self.best["metric"] != self.cfg.training.best_metric:  # another metric: its best starts anew
+            log.warning("training.best_metric is now %s (was %s): best.pt follows it from here on",
+                        self.cfg.training.best_metric, self.best["metric"])
+            self.best = {"metric": self.cfg.training.best_metric, "value": None, "epoch": None}
+            self.bad_epochs = 0
+        # Older checkpoints lack the flag: an epoch's end was always validated.
+        self.validated_at_step = state.get("validated", state["batch_in_epoch"] == 0)
         self.clock.seconds = state["train_seconds"]
         set_rng_state(state["rng"])
         log.info("resumed at epoch %d, batch %d, step %d, lr %.3g", self.epoch + 1,
@@ -152,6 +148,8 @@ class Trainer:
         self.clock.start()
         with self.interrupt:
             reason = self.should_stop()
+            if reason and reason != INTERRUPTED and not self.validated_at_step:  # resumed past the budget:
+                reason = self._validate_and_save() or reason  # validate where the run would have
             while not reason:
                 reason = self.train_epoch()
                 if reason != INTERRUPTED and not self.validated_at_step:  # the epoch's end, or a stop
@@ -187,7 +185,6 @@ class Trainer:
         early ('' at the epoch's end)."""
         t = self.cfg.training
         batches = self.sampler.batches(self.epoch, self.world.rank, self.world.size)
-        self.epoch_batches = len(batches)
         # The loss of an optimizer step is normalised by the target tokens of the whole step: all its
         # micro-batches on all ranks (loss.py). Every rank computes the same totals.
         every_rank = self.sampler.batches(self.epoch)[:len(batches) * self.world.size]
@@ -270,14 +267,12 @@ class Trainer:
     def _after_step(self) -> str:
         """Validate or save when the step calls for it; then whether to stop."""
         t = self.cfg.training
-        if t.valid_every_steps and self.step % t.valid_every_steps == 0:
-            if self.batch_in_epoch == self.epoch_batches:  # the epoch's own validation follows
-                return ""
+        validate_now = t.valid_every_steps and self.step % t.valid_every_steps == 0
+        if validate_now and self.batch_in_epoch < self.epoch_batches:  # (else the epoch's own follows)
             reason = self._validate_and_save()
-            self.validated_at_step = True
             self.model.train()
             return reason or self.should_stop()
-        if t.save_every_steps and self.step % t.save_every_steps == 0:
+        if not validate_now and t.save_every_steps and self.step % t.save_every_steps == 0:
             self._save(tag="latest")
         return self.should_stop()
 
@@ -308,13 +303,14 @@ class Trainer:
         end_of_epoch = self.batch_in_epoch == self.epoch_batches
         if end_of_epoch:
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+        self.validated_at_step = True
         reason = self.should_stop()  # writing the checkpoint counts at the next tick
         self._save(tag="epoch" if end_of_epoch else "step", improved=improved)
         return reason
 
     def _update_best(self, value: float) -> bool:
         """Record a validation's metric; True when it is the best so far (a NaN never is)."""
-        if not improves(self.best["metric"], value, self.best["value"]):
+        if not improves(self.cfg.training.best_metric, value, self.best["value"]):
             self.bad_epochs += 1
             return False
         self.best = {"metric": self.best["metric"], "value": value, "epoch": self.epoch + 1,
@@ -359,6 +355,7 @@ class Trainer:
             "scaler": self.scaler.state_dict(), "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
             "step": self.step, "best": self.best, "bad_epochs": self.bad_epochs,
             "train_seconds": self.clock.seconds, "world_size": self.world.size, "rng": rng_state(),
+            "validated": self.validated_at_step,  # this position's validation is done (or still due)
         }
         name = {"epoch": f"epoch_{self.epoch:03d}.pt", "step": f"step_{self.step:07d}.pt"}.get(tag)
         path = ckpt.keep_checkpoint(state, self.run_dir, name, self.cfg.training.keep_last, improved)

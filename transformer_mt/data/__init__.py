@@ -6,7 +6,6 @@ encode.py    token ids, their cache, and `prepare_data`: the data side of a run
 batching.py  token batches for training and decoding, padding, the tensors of a step
 """
 
-from transformer_mt.config import DataError
 from transformer_mt.data.batching import (
     Batch,
     TokenBatchSampler,
@@ -26,6 +25,7 @@ from transformer_mt.data.corpora import (
 )
 from transformer_mt.data.encode import EncodedSplit, PreparedData, Ragged, prepare_data
 from transformer_mt.data.split import Parallel, Split, load_split_tsv, save_split, split_pairs
+from transformer_mt.errors import DataError
 
 __all__ = ["Batch", "DataError", "EncodedSplit", "Parallel", "PreparedData", "Ragged", "Split",
            "TokenBatchSampler", "collate", "ensure_tatoeba", "greedy_cut", "length_sorted_batches",

@@ -23,7 +23,8 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from transformer_mt.config import DataError, DatasetConfig, resolve_path
+from transformer_mt.config import DatasetConfig, resolve_path
+from transformer_mt.errors import DataError
 
 log = logging.getLogger(__name__)
 

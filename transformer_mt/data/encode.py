@@ -25,10 +25,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from transformer_mt.config import DataError, DatasetConfig, TokenizerConfig, resolve_path
+from transformer_mt.config import DatasetConfig, TokenizerConfig, resolve_path
 from transformer_mt.data.batching import Batch, collate
 from transformer_mt.data.corpora import Source, locate, read_corpus, select_pairs
 from transformer_mt.data.split import Parallel, Split, save_split, split_pairs
+from transformer_mt.errors import DataError
 from transformer_mt.runtime import atomic_write
 from transformer_mt.tokenizer import Vocabulary, train_tokenizers
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from transformer_mt.config import DataError
 from transformer_mt.data.corpora import read_utf8
+from transformer_mt.errors import DataError
 
 log = logging.getLogger(__name__)
 SPLIT_DIR = "split"

@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from transformer_mt.config import ConfigError, DataError, DatasetConfig, EvaluateConfig
+from transformer_mt.config import DatasetConfig, EvaluateConfig
 from transformer_mt.data import load_pairs, load_split_tsv, read_lines, select_pairs, split_pairs
+from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.metrics import Scores, score
 from transformer_mt.runtime import atomic_write, configure_threads, select_device
 from transformer_mt.translator import Translator

@@ -9,7 +9,8 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-from transformer_mt.config import ConfigError, TrainConfig
+from transformer_mt.config import TrainConfig
+from transformer_mt.errors import ConfigError
 from transformer_mt.trainer import Trainer
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TextIO
 
-from transformer_mt.config import ConfigError, DataError, TranslateConfig
+from transformer_mt.config import TranslateConfig
 from transformer_mt.data import utf8_lines
+from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.runtime import atomic_write, configure_threads, select_device
 from transformer_mt.translator import TextTranslator, Translation, Translator
 
