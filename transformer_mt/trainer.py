@@ -185,6 +185,7 @@ class Trainer:
         early ('' at the epoch's end)."""
         t = self.cfg.training
         batches = self.sampler.batches(self.epoch, self.world.rank, self.world.size)
+        self.epoch_batches = len(batches)
         # The loss of an optimizer step is normalised by the target tokens of the whole step: all its
         # micro-batches on all ranks (loss.py). Every rank computes the same totals.
         every_rank = self.sampler.batches(self.epoch)[:len(batches) * self.world.size]
