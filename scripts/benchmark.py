@@ -43,12 +43,27 @@ from transformer_mt.config import DecodingConfig, ModelConfig, TrainConfig  # no
 from transformer_mt.data import PreparedData, TokenBatchSampler, load_split_tsv, prepare_data  # noqa: E402
 from transformer_mt.loss import summed_nll  # noqa: E402
 from transformer_mt.metrics import score  # noqa: E402
+from transformer_mt.runtime import cpu_flags, cpu_native_bf16  # noqa: E402
 from transformer_mt.tokenizer import PAD_ID  # noqa: E402
+
+# The CPU features that decide our speed: vector width, bf16 and int8 arithmetic.
+FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
 
 
 # -- the machine -----------------------------------------------------------------------------------
+def relevant_flags() -> list[str]:
+    """Which of FLAGS this CPU has."""
+    have = cpu_flags()
+    return [flag for flag in FLAGS if flag in have]
+
+
+def native_bf16() -> bool:
+    """Whether this CPU computes in bf16 natively (device.amp=auto picks bf16 there)."""
+    return cpu_native_bf16() is not None
+
+
 def machine() -> str:
-    """CPU model, threads and torch version."""
+    """CPU model and flags, threads and torch version."""
     cpu = platform.processor() or "unknown CPU"
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
@@ -57,7 +72,8 @@ def machine() -> str:
                 cpu = line.split(":", 1)[1].strip()
                 break
     threads = torch.get_num_threads()
-    return f"{cpu}; {os.cpu_count()} cores, torch threads {threads}; torch {torch.__version__}"
+    return (f"{cpu} ({' '.join(relevant_flags()) or 'flags unknown'}); {os.cpu_count()} cores, "
+            f"torch threads {threads}; torch {torch.__version__}")
 
 
 def _cpu_times() -> tuple[int, int]:
@@ -145,21 +161,19 @@ def padding_fractions(data, batch_tokens: int, seed: int = 0) -> tuple[float, fl
 
 # -- options that are off by default on a CPU ------------------------------------------------------
 def cheap_wins(model_cfg: ModelConfig, data: PreparedData, batches: list) -> dict[str, float]:
-    """Training speed with bf16 autocast and with torch.compile (dynamic shapes), each against eager
-    fp32 on the same batches; compile time is reported apart (the warm-up steps pay it)."""
+    """Training speed with torch.compile (dynamic shapes) against eager fp32 on the same batches;
+    compile time is reported apart (the warm-up steps pay it)."""
     def fresh() -> nn.Module:
         torch.manual_seed(0)
         return build_model(model_cfg, data.vocab)
 
     eager_s, tokens = time_training(fresh(), batches)
-    bf16_s, _ = time_training(fresh(), batches, autocast_dtype=torch.bfloat16)
     compiled = torch.compile(fresh(), dynamic=True)
     start = time.perf_counter()
     time_training(compiled, batches[:1])  # two warm-up steps of two shapes: static, then dynamic
     compile_s = time.perf_counter() - start
     compiled_s, _ = time_training(compiled, batches)
     return {"train_tgt_tok_s_eager": tokens / eager_s,
-            "cpu_bf16_autocast_speedup": eager_s / bf16_s,
             "torch_compile_speedup": eager_s / compiled_s,
             "torch_compile_seconds": compile_s}
 
@@ -171,7 +185,8 @@ def loop_overhead(cfg: TrainConfig, data, compute_tok_s: float, n_batches: int) 
     from transformer_mt.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as tmp:
-        sub = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, dir=tmp))
+        sub = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, dir=tmp),
+                                  device=dataclasses.replace(cfg.device, amp="off"))  # as the compute
         sub.dataset.max_pairs = None
         sub.training = dataclasses.replace(cfg.training, epochs=1)
         trainer = Trainer(sub, Path(tmp))
@@ -208,30 +223,37 @@ def best_of_rounds(runs: dict[str, Callable[[], object]], rounds: int) -> dict[s
     return best
 
 
-def time_decoding(engine, sources: list[str], settings: dict[str, DecodingConfig],
+def time_decoding(engine, sources: list[str], settings: dict[str, tuple[DecodingConfig, torch.dtype | None]],
                   rounds: int) -> dict[str, tuple[float, list[str]]]:
-    """Best seconds and the translations of `sources` with each decoding setting of a Translator."""
-    def runner(decoding: DecodingConfig) -> Callable[[], list[str]]:
+    """Best seconds and the translations of `sources` with each (decoding, autocast dtype) setting of a
+    Translator."""
+    from transformer_mt.runtime import Precision
+
+    def runner(decoding: DecodingConfig, dtype: torch.dtype | None) -> Callable[[], list[str]]:
         def run() -> list[str]:
-            engine.decoding = decoding
+            engine.decoding, engine.precision = decoding, Precision(dtype, "benchmark")
             return engine.translate(sources)
         return run
 
-    engine.translate(sources[:8])  # warm-up: allocator, thread pool
-    return best_of_rounds({name: runner(d) for name, d in settings.items()}, rounds)
+    for _, dtype in settings.values():  # warm-up of each precision: allocator, thread pool, weight casts
+        runner(DecodingConfig(beam_size=1), dtype)()
+    return best_of_rounds({name: runner(*setting) for name, setting in settings.items()}, rounds)
 
 
-def decoding_speeds(checkpoint: Path, n: int, rounds: int = 1) -> dict[str, float]:
-    """Sentences/s of uncached greedy, cached greedy and beam 5 on the run's own test sentences."""
+def decoding_speeds(checkpoint: Path, n: int, rounds: int = 1, bf16: bool = False) -> dict[str, float]:
+    """Sentences/s of uncached greedy, cached greedy and beam 5 on the run's own test sentences, in
+    float32; with bf16, cached greedy and beam 5 under bf16 autocast too (BLEU against float32)."""
     from transformer_mt.translator import Translator
 
-    engine = Translator.from_checkpoint(checkpoint, device="cpu")
+    engine = Translator.from_checkpoint(checkpoint, device="cpu", amp="off")
     sources, refs = load_split_tsv(Path(engine.info["checkpoint"]).parent / "split" / "test.tsv")
     sources, refs = sources[:n], refs[:n]
     results: dict[str, float] = {"decode_sentences": len(sources), "decode_rounds": rounds}
-    settings = {"greedy_nocache": DecodingConfig(beam_size=1, use_cache=False),
-                "greedy_cache": DecodingConfig(beam_size=1), "beam5": DecodingConfig(beam_size=5)}
-
+    greedy, beam5 = DecodingConfig(beam_size=1), DecodingConfig(beam_size=5)
+    settings = {"greedy_nocache": (DecodingConfig(beam_size=1, use_cache=False), None),
+                "greedy_cache": (greedy, None), "beam5": (beam5, None)}
+    if bf16:
+        settings |= {"greedy_cache_bf16": (greedy, torch.bfloat16), "beam5_bf16": (beam5, torch.bfloat16)}
     for name, (seconds, hyps) in time_decoding(engine, sources, settings, rounds).items():
         results[f"{name}_sent_s"] = len(sources) / seconds
         results[f"{name}_bleu"] = score(hyps, refs).bleu
@@ -357,18 +379,23 @@ def main() -> None:
     def reference(c: ModelConfig) -> nn.Module:
         return TorchReference(c, vocab_size, PAD_ID)
 
-    settings = [("ours", ours, model_cfg), ("ref", reference, model_cfg)]
+    # bf16 autocast where the CPU computes in bf16 (device.amp=auto picks it there), or on request.
+    bf16 = native_bf16() or args.cheap_wins
+    settings = [("ours", ours, model_cfg, None), ("ref", reference, model_cfg, None)]
+    if bf16:
+        settings += [("ours_bf16", ours, model_cfg, torch.bfloat16)]
     if not args.quick:
-        settings += [("ours_nodrop", ours, no_dropout), ("ref_nodrop", reference, no_dropout)]
+        settings += [("ours_nodrop", ours, no_dropout, None), ("ref_nodrop", reference, no_dropout, None)]
+        settings += [("ref_bf16", reference, model_cfg, torch.bfloat16)] if bf16 else []
     models = {}
-    for name, build, c in settings:
+    for name, build, c, dtype in settings:
         torch.manual_seed(0)
-        models[name] = build(c)
+        models[name] = (build(c), dtype)
     train_rounds = 1 if args.quick else args.rounds
     seconds = {name: math.inf for name in models}
     for _ in range(train_rounds):
-        for name, model in models.items():
-            elapsed, tokens = time_training(model, batches)
+        for name, (model, dtype) in models.items():
+            elapsed, tokens = time_training(model, batches, autocast_dtype=dtype)
             seconds[name] = min(seconds[name], elapsed)
     ours_s, ref_s = seconds["ours"], seconds["ref"]
     flops = 3 * sum(forward_flops(model_cfg, vocab_size, *b.src.shape[:1], b.src.size(1), b.tgt_in.size(1))
@@ -395,6 +422,12 @@ def main() -> None:
         "train_utilisation": flops / ours_s / 1e9 / peak,
         "padding_frac": ours_pad,
         "padding_frac_fixed_random_batches": fixed_pad,
+        "cpu_flags": relevant_flags(),
+        "cpu_native_bf16": native_bf16(),
+        "train_tgt_tok_s_bf16": tokens / seconds["ours_bf16"] if bf16 else None,
+        "cpu_bf16_train_speedup": ours_s / seconds["ours_bf16"] if bf16 else None,
+        "train_ratio_vs_nn_transformer_bf16":
+            seconds["ref_bf16"] / seconds["ours_bf16"] if "ref_bf16" in seconds else None,
     }
     results.update(loop_overhead(cfg, data, results["train_tgt_tok_s"], 3 if args.quick else 10))
     if args.cheap_wins:
@@ -402,7 +435,7 @@ def main() -> None:
     if checkpoint is not None:
         results["decode_checkpoint"] = str(checkpoint)
         results.update(decoding_speeds(checkpoint, 200 if args.quick else 1000,
-                                       rounds=1 if args.quick else args.rounds))
+                                       rounds=1 if args.quick else args.rounds, bf16=bf16))
     else:
         print("no checkpoint found: decoding figures skipped (train one or pass --checkpoint)",
               file=sys.stderr)
@@ -430,16 +463,23 @@ def markdown(r: dict) -> str:
         ("padding: token buckets / random 128-sentence batches",
          f"{r['padding_frac']:.1%} / {r['padding_frac_fixed_random_batches']:.1%}"),
         ("train loop overhead (full epoch, extrapolated)", fmt(r["loop_overhead_frac"], ".1%")),
+        ("bf16 autocast training, ours (target tokens/s) / speed-up over float32",
+         f"{fmt(r['train_tgt_tok_s_bf16'], '.0f')} / {fmt(r['cpu_bf16_train_speedup'], '.2f')}x"),
+        ("bf16: ratio ours / nn.Transformer", fmt(r["train_ratio_vs_nn_transformer_bf16"], ".2f")),
         ("greedy without cache (sentences/s)", fmt(r.get("greedy_nocache_sent_s"), ".1f")),
         ("greedy with cache (sentences/s)", fmt(r.get("greedy_cache_sent_s"), ".1f")),
         ("beam 5 (sentences/s)", fmt(r.get("beam5_sent_s"), ".1f")),
+        *[(f"bf16 {label} (sentences/s) / BLEU difference to float32",
+           f"{fmt(r.get(f'{name}_bf16_sent_s'), '.1f')} / "
+           f"{fmt(r.get(f'{name}_bf16_bleu', math.nan) - r.get(f'{name}_bleu', math.nan), '+.2f')}")
+          for name, label in (("greedy_cache", "greedy with cache"), ("beam5", "beam 5"))],
         *[(f"CTranslate2 {q} beam 5{', exact' if exact else ''} (sentences/s) / BLEU delta to ours",
            f"{fmt(r.get(f'ct2_{q}_beam5{x}_sent_s'), '.1f')} / "
            f"{fmt(r.get(f'ct2_{q}_beam5{x}_bleu_delta'), '+.2f')}")
           for q in ("int8", "float32") for exact, x in ((False, ""), (True, "_exact"))],
-        *([("bf16 autocast / torch.compile training speed vs eager fp32 (compile seconds)",
-            f"{r['cpu_bf16_autocast_speedup']:.2f}x / {r['torch_compile_speedup']:.2f}x "
-            f"({r['torch_compile_seconds']:.0f} s)")] if "torch_compile_speedup" in r else []),
+        *([("torch.compile training speed vs eager fp32 (compile seconds)",
+            f"{r['torch_compile_speedup']:.2f}x ({r['torch_compile_seconds']:.0f} s)")]
+          if "torch_compile_speedup" in r else []),
         ("peak RSS train / translate (MiB)",
          f"{fmt(r['peak_rss_train_mib'], '.0f')} / {fmt(r['peak_rss_translate_mib'], '.0f')}"),
     ]

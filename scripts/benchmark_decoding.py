@@ -3,7 +3,8 @@
     python scripts/benchmark_decoding.py saved_weights/<run> [--sentences 1000] [--rounds 3] [--out f.json]
 
 Compares uncached greedy (the whole prefix recomputed every step, as the classic tutorials do),
-cached greedy and cached beam 5 on the run's own test split, and reports sentences/s, tokens/s,
+cached greedy and cached beam 5 on the run's own test split (and both cached searches under bf16
+autocast where the CPU computes in bf16), and reports sentences/s, tokens/s,
 BLEU and the ratios the project targets (cached ≥ 3× uncached; beam 5 ≤ 3× the cost of greedy).
 Each figure is the best of a few interleaved rounds, so that a busy neighbour on a shared machine
 does not decide a ratio.
@@ -23,11 +24,16 @@ from transformer_mt.data import load_split_tsv
 from transformer_mt.metrics import score
 from transformer_mt.translator import Translator
 
-from benchmark import load_warning, machine, time_decoding  # scripts/ is on sys.path when run as a script
+from benchmark import (  # scripts/ is on sys.path when run as a script
+    load_warning,
+    machine,
+    native_bf16,
+    time_decoding,
+)
 
 
 def measure(engine: Translator, sources: list[str], refs: list[str],
-            settings: dict[str, DecodingConfig], rounds: int) -> dict[str, dict]:
+            settings: dict[str, tuple[DecodingConfig, torch.dtype | None]], rounds: int) -> dict[str, dict]:
     """Translate all sources with each decoding setting; best time of `rounds` interleaved rounds."""
     results = {}
     for name, (seconds, hyps) in time_decoding(engine, sources, settings, rounds).items():
@@ -48,7 +54,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    engine = Translator.from_checkpoint(args.checkpoint, device="cpu")
+    engine = Translator.from_checkpoint(args.checkpoint, device="cpu", amp="off")
     split = Path(engine.info["checkpoint"]).parent / "split" / "test.tsv"
     sources, refs = load_split_tsv(split)
     sources, refs = sources[: args.sentences], refs[: args.sentences]
@@ -56,8 +62,11 @@ def main() -> None:
     if warning:
         print(f"warning: {warning}")
     base = DecodingConfig(beam_size=1, n_best=1)
-    settings = {"greedy_nocache": dataclasses.replace(base, use_cache=False), "greedy_cache": base,
-                "beam5": dataclasses.replace(base, beam_size=5)}
+    beam5 = dataclasses.replace(base, beam_size=5)
+    settings = {"greedy_nocache": (dataclasses.replace(base, use_cache=False), None),
+                "greedy_cache": (base, None), "beam5": (beam5, None)}
+    if native_bf16():  # what device.amp=auto decodes with on this CPU
+        settings |= {"greedy_cache_bf16": (base, torch.bfloat16), "beam5_bf16": (beam5, torch.bfloat16)}
     results = measure(engine, sources, refs, settings, args.rounds)
     summary = {
         "machine": machine(),

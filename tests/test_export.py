@@ -35,6 +35,11 @@ N_PAIRS = 300
 GREEDY = DecodingConfig(beam_size=1)
 
 
+def float32_reference(run: Path, decoding: DecodingConfig) -> Translator:
+    """Our PyTorch translator in float32 (not bf16, even where the CPU has it): CTranslate2's parity."""
+    return Translator.from_checkpoint(run, device="cpu", decoding=decoding, amp="off")
+
+
 @pytest.fixture(scope="module")
 def pairs(corpus: Path) -> tuple[list[str], list[str]]:
     english, french, _ = read_tatoeba(corpus)
@@ -88,7 +93,7 @@ def post_norm(pairs: tuple[list[str], list[str]], tmp_path_factory: pytest.TempP
 def _parity(run: Path, model_dir: Path, sentences: list[str],
             decoding: DecodingConfig) -> tuple[int, float, list[str]]:
     """(identical 1-best outputs, largest score difference among them, the differing sources)."""
-    reference = Translator.from_checkpoint(run, device="cpu", decoding=decoding)
+    reference = Translator.from_checkpoint(run, device="cpu", decoding=decoding, amp="off")
     engine = CT2Translator.from_dir(model_dir, intra_threads=1, decoding=decoding)
     ours, theirs = reference.translate_nbest(sentences), engine.translate_nbest(sentences)
     same = [a[0].text == b[0].text for a, b in zip(ours, theirs)]
@@ -106,7 +111,7 @@ def test_float32_greedy_matches_pytorch(post_norm: Path, pairs: tuple[list[str],
     print(f"post-norm float32 greedy: {same}/{len(sentences)} identical, max score gap {gap:.2e}")
     assert same >= 0.99 * len(sentences), differ[:5]
     assert gap < 1e-3  # same log-probs up to float32 rounding
-    outputs = Translator.from_checkpoint(post_norm, device="cpu", decoding=GREEDY).translate(sentences)
+    outputs = float32_reference(post_norm, GREEDY).translate(sentences)
     assert len(set(outputs)) > len(sentences) // 4  # a model that says something
 
     # Beam search: CTranslate2's hypotheses re-ranked with our GNMT length penalty.
@@ -135,7 +140,7 @@ def test_int8_loads_and_translates(post_norm: Path, pairs: tuple[list[str], list
     engine = CT2Translator.from_dir(model_dir, intra_threads=1, decoding=GREEDY)
     assert engine.info["quantization"] == "int8" and engine.info["compute_type"].startswith("int8")
     sentences = pairs[0]
-    reference = Translator.from_checkpoint(post_norm, device="cpu", decoding=GREEDY).translate(sentences)
+    reference = float32_reference(post_norm, GREEDY).translate(sentences)
     out = engine.translate(sentences)
     same = sum(a == b for a, b in zip(out, reference))
     assert sum(bool(t) for t in out) > 0.9 * len(sentences)
@@ -167,7 +172,7 @@ def test_fast_mode_agrees_with_exact_mode(post_norm: Path, pairs: tuple[list[str
 def test_translator_interface(post_norm: Path, tmp_path: Path) -> None:
     model_dir = export_ctranslate2(post_norm, tmp_path / "ct2", quantization="float32")
     engine = CT2Translator.from_dir(model_dir, intra_threads=1)
-    reference = Translator.from_checkpoint(post_norm, device="cpu")
+    reference = Translator.from_checkpoint(post_norm, device="cpu", amp="off")
     lines = ["", "I am cold.", "   ", "He is sleeping.", ""]
     out = engine.translate(lines, beam_size=3)
     assert out == reference.translate(lines, beam_size=3)
@@ -224,6 +229,6 @@ def test_cli_export_then_translate(post_norm: Path, tmp_path: Path) -> None:
     result = run_cli("translate", "engine=ctranslate2", f"model_dir={model_dir}", "device=cpu",
                      f"text={text}")
     assert result.returncode == 0, result.stderr
-    expected = Translator.from_checkpoint(post_norm, device="cpu").translate(text)  # default beam 5
+    expected = Translator.from_checkpoint(post_norm, device="cpu", amp="off").translate(text)  # beam 5
     assert result.stdout.strip() == expected
     print(f"CLI export + translate: {time.perf_counter() - started:.1f}s")

@@ -111,7 +111,9 @@ class DeviceConfig(Section):
     name: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | mps
     num_threads: int | None = None  # torch.set_num_threads; null = torch default
     num_interop_threads: int | None = None
-    amp: str = "auto"  # auto (bf16 if supported on cuda, else fp16 on cuda, off on cpu) | off | bf16 | fp16
+    # auto: bf16 on a CPU with native bf16 (AVX512_BF16, AMX) and for training on a GPU with bf16 (else
+    # fp16); float32 elsewhere (runtime.precision) | off | bf16 | fp16
+    amp: str = "auto"
     # torch.compile the training forward pass (dynamic shapes: token batches vary in both
     # dimensions). Off by default: measured slower on a 2-core CPU (README, Performance).
     compile: bool = False

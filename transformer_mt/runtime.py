@@ -16,6 +16,7 @@ import signal
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -52,13 +53,66 @@ def configure_threads(cfg: DeviceConfig) -> None:
             torch.set_num_interop_threads(cfg.num_interop_threads)
 
 
-def amp_dtype(cfg: DeviceConfig, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype: bf16 where the GPU supports it, else fp16 on CUDA; none on CPU by default."""
-    if cfg.amp == "off" or (cfg.amp == "auto" and device.type != "cuda"):
-        return None
-    if cfg.amp == "bf16" or (cfg.amp == "auto" and torch.cuda.is_bf16_supported()):
-        return torch.bfloat16
-    return torch.float16
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # CPU flags of native bf16 arithmetic, best first
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux reports them (empty elsewhere: then no bf16 is assumed)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return set()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def cpu_bf16(flags: set[str], torch_agrees: bool) -> str | None:
+    """The flag that gives this CPU native bf16, when torch's kernels agree they can use it."""
+    return next((flag for flag in BF16_FLAGS if flag in flags), None) if torch_agrees else None
+
+
+def _torch_has_cpu_bf16() -> bool:
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def cpu_native_bf16() -> str | None:
+    """This machine's flag of native bf16 arithmetic (amx_bf16, avx512_bf16), or None."""
+    return cpu_bf16(cpu_flags(), _torch_has_cpu_bf16())
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The autocast dtype a run uses (None: float32 throughout) and why, as the log and result.json say."""
+
+    dtype: torch.dtype | None
+    reason: str
+
+    def __str__(self) -> str:
+        return f"amp {'off' if self.dtype is None else _NAMES[self.dtype]} ({self.reason})"
+
+
+_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def precision(cfg: DeviceConfig, device: torch.device, training: bool = True) -> Precision:
+    """device.amp: `auto` is bf16 on a CPU with native bf16 (AVX512_BF16 or AMX: about twice the
+    float32 speed there), and for training bf16 on a GPU that has it (else fp16); float32 elsewhere.
+    Decoding on a GPU stays float32 under auto (not measured in bf16 yet). off/bf16/fp16 force it."""
+    if cfg.amp != "auto":
+        dtype = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.amp]
+        return Precision(dtype, f"device.amp={cfg.amp}")
+    if device.type == "cuda" and not training:
+        return Precision(None, "float32 for decoding on cuda")
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return Precision(torch.bfloat16, "cuda has bf16")
+        return Precision(torch.float16, "cuda without bf16: fp16 with loss scaling")
+    if device.type == "cpu":
+        flag = cpu_native_bf16()
+        if flag:
+            return Precision(torch.bfloat16, f"cpu has {flag}")
+        return Precision(None, "cpu has no native bf16")
+    return Precision(None, f"{device.type}: float32")
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:

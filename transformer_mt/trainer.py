@@ -32,10 +32,10 @@ from transformer_mt.records import RunRecords, hparams
 from transformer_mt.runtime import (
     Interrupt,
     TrainingClock,
-    amp_dtype,
     autocast,
     check_writable,
     configure_threads,
+    precision,
     rng_state,
     seed_everything,
     select_device,
@@ -75,7 +75,8 @@ class Trainer:
             check_writable(run_dir, t.min_free_mib)
         configure_threads(cfg.device)
         self.device = distributed.rank_device(select_device(cfg.device), self.world)
-        self.amp = amp_dtype(cfg.device, self.device)
+        self.precision = precision(cfg.device, self.device)
+        self.amp = self.precision.dtype
         seed_everything(cfg.seed)
         if resume_from is None and cfg.resume:
             resume_from = ckpt.load_latest_good(cfg.resume)
@@ -113,8 +114,8 @@ class Trainer:
         self.validate = Validator(self.model, self.vocab, self.data.valid, cfg, self.device, self.amp,
                                   self.records)
         log.info("run directory: %s", run_dir)
-        log.info("device %s%s, %d threads%s; model %.2fM parameters; %s", self.device,
-                 f" (amp {self.amp})" if self.amp else "", torch.get_num_threads(),
+        log.info("device %s (%s), %d threads%s; model %.2fM parameters; %s", self.device,
+                 self.precision, torch.get_num_threads(),
                  f", {self.world.size} processes (DDP)" if self.world.distributed else "",
                  self.model.num_parameters() / 1e6, self.data.summary())
 
@@ -385,6 +386,7 @@ class Trainer:
             "job": self.job, "overrides": self.overrides, "best_metric": self.best["metric"],
             "best_value": self._best_value(), "best_epoch": self.best["epoch"], "epochs": self.epoch,
             "steps": self.step, "world_size": self.world.size, "train_seconds": self.clock.seconds,
+            "amp": str(self.precision),
             "wall_seconds": time.perf_counter() - self.started,
             "tgt_tokens_per_s": tokens / seconds if seconds > 0 else math.nan,
         }, hparams(self.cfg, self.overrides, self.world.size), self.step)

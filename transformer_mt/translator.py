@@ -26,7 +26,7 @@ from transformer_mt.checkpoint import model_from_checkpoint
 from transformer_mt.config import DecodingConfig, DeviceConfig
 from transformer_mt.data import length_sorted_batches, pad_sources
 from transformer_mt.model import Transformer
-from transformer_mt.runtime import select_device
+from transformer_mt.runtime import Precision, autocast, precision, select_device
 from transformer_mt.search import Hypothesis, beam_search, greedy_search, sample
 from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Vocabulary
 
@@ -40,33 +40,38 @@ def decode_ids(
     device: torch.device,
     return_attention: bool = False,
     generator: torch.Generator | None = None,
+    amp: torch.dtype | None = None,
 ) -> list[list[Hypothesis]]:
-    """Decode token-id sources (without eos) and return each sentence's n-best list, input order kept."""
+    """Decode token-id sources (without eos) and return each sentence's n-best list, input order kept;
+    under autocast to `amp` when given (the searches score in float32 and float64 all the same)."""
     was_training = model.training
     model.eval()
     results: list[list[Hypothesis]] = [[] for _ in src_ids]
     # Beam search holds beam_size rows per sentence: budget the batch by what is really computed.
     budget = max(1, decoding.batch_tokens // (1 if decoding.sampling else decoding.beam_size))
-    common = dict(bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=decoding.max_len_a,
-                  max_len_b=decoding.max_len_b)
     try:
-        for batch in length_sorted_batches([len(s) for s in src_ids], budget):
-            src = pad_sources([list(src_ids[i]) for i in batch], PAD_ID).to(device)
-            if decoding.sampling:
-                found = sample(model, src, temperature=decoding.temperature, top_k=decoding.top_k,
-                               top_p=decoding.top_p, generator=generator, **common)
-            elif decoding.beam_size == 1:
-                found = greedy_search(model, src, use_cache=decoding.use_cache,
-                                      return_attention=return_attention, **common)
-            else:
-                found = beam_search(model, src, beam_size=decoding.beam_size,
-                                    length_penalty=decoding.length_penalty, n_best=decoding.n_best,
-                                    return_attention=return_attention, **common)
-            for i, hyps in zip(batch, found):
-                results[i] = hyps
+        with autocast(device, amp):
+            for batch in length_sorted_batches([len(s) for s in src_ids], budget):
+                src = pad_sources([list(src_ids[i]) for i in batch], PAD_ID).to(device)
+                for i, hyps in zip(batch, _search(model, src, decoding, return_attention, generator)):
+                    results[i] = hyps
     finally:
         model.train(was_training)
     return results
+
+
+def _search(model: Transformer, src: torch.Tensor, decoding: DecodingConfig, return_attention: bool,
+            generator: torch.Generator | None) -> list[list[Hypothesis]]:
+    """The search `decoding` asks for: sampling, greedy (beam 1) or beam search."""
+    ends = dict(bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=decoding.max_len_a, max_len_b=decoding.max_len_b)
+    if decoding.sampling:
+        return sample(model, src, temperature=decoding.temperature, top_k=decoding.top_k,
+                      top_p=decoding.top_p, generator=generator, **ends)
+    if decoding.beam_size == 1:
+        return greedy_search(model, src, use_cache=decoding.use_cache, return_attention=return_attention,
+                             **ends)
+    return beam_search(model, src, beam_size=decoding.beam_size, length_penalty=decoding.length_penalty,
+                       n_best=decoding.n_best, return_attention=return_attention, **ends)
 
 
 @dataclass
@@ -133,10 +138,11 @@ class Translator(TextTranslator):
 
     def __init__(self, model: Transformer, vocab: Vocabulary, device: torch.device,
                  decoding: DecodingConfig | None = None, max_input_tokens: int | None = None,
-                 info: dict[str, Any] | None = None):
+                 info: dict[str, Any] | None = None, precision: Precision | None = None):
         self.model = model.to(device).eval()
         self.vocab = vocab
         self.device = device
+        self.precision = precision or Precision(None, "float32")
         self.decoding = decoding or DecodingConfig()
         limit = model.config.max_positions - 1  # room for the source's <eos>
         self.max_input_tokens = min(max_input_tokens or limit, limit)
@@ -145,14 +151,16 @@ class Translator(TextTranslator):
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | torch.device = "auto",
-                        decoding: DecodingConfig | None = None,
-                        max_input_tokens: int | None = None) -> Translator:
-        """Rebuild model and tokenizer from a checkpoint file or run directory (its best checkpoint)."""
+                        decoding: DecodingConfig | None = None, max_input_tokens: int | None = None,
+                        amp: str = "auto") -> Translator:
+        """Rebuild model and tokenizer from a checkpoint file or run directory (its best checkpoint);
+        `amp` as device.amp (auto: bf16 on a CPU with native bf16)."""
         file, state, model, vocab = model_from_checkpoint(path)
         target = device if isinstance(device, torch.device) else select_device(DeviceConfig(device))
         info = {"checkpoint": str(file), "epoch": state.get("epoch"), "step": state.get("step"),
                 "config": state.get("config", {})}
-        return cls(model, vocab, target, decoding, max_input_tokens, info)
+        chosen = precision(DeviceConfig(name=target.type, amp=amp), target, training=False)
+        return cls(model, vocab, target, decoding, max_input_tokens, info, chosen)
 
     def translate_nbest(self, sentences: list[str], return_attention: bool = False,
                         **options: Any) -> list[list[Translation]]:
@@ -164,7 +172,7 @@ class Translator(TextTranslator):
         if not real:
             return results
         hyps = decode_ids(self.model, [ids[i] for i in real], decoding, self.device,
-                          return_attention=return_attention)
+                          return_attention=return_attention, amp=self.precision.dtype)
         for i, nbest in zip(real, hyps):
             texts = self.vocab.decode_tgt([h.tokens for h in nbest])
             results[i] = [

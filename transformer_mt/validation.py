@@ -24,7 +24,7 @@ from transformer_mt.loss import summed_nll
 from transformer_mt.metrics import Scores, score
 from transformer_mt.model import Transformer
 from transformer_mt.records import RunRecords
-from transformer_mt.runtime import autocast
+from transformer_mt.runtime import autocast, precision
 from transformer_mt.tokenizer import Vocabulary
 from transformer_mt.translator import decode_ids
 
@@ -67,6 +67,7 @@ class Validator:
                  device: torch.device, amp: torch.dtype | None, records: RunRecords) -> None:
         self.model, self.vocab, self.valid = model, vocab, valid
         self.training, self.device, self.amp, self.records = cfg.training, device, amp, records
+        self.decode_amp = precision(cfg.device, device, training=False).dtype  # as evaluate decodes
         self.decoding = DecodingConfig(**dataclasses.asdict(cfg.decoding))  # n-best 1, no sampling
 
     def __call__(self, step: int, epoch: int, train_minutes: float, label: str = "") -> Validation:
@@ -76,7 +77,7 @@ class Validator:
         started = time.perf_counter()
         loss = validation_loss(self.model, valid, t.batch_tokens, self.device, self.amp)
         n = min(t.valid_max_sentences, len(valid))
-        hyps = decode_ids(self.model, valid.src_ids[:n], self.decoding, self.device)
+        hyps = decode_ids(self.model, valid.src_ids[:n], self.decoding, self.device, amp=self.decode_amp)
         texts = self.vocab.decode_tgt([h[0].tokens for h in hyps])
         result = Validation(score(texts, valid.tgt_text[:n]), loss)
         tag = f"valid_{label}" if label else "valid"
@@ -111,6 +112,6 @@ class Validator:
     def _attention(self) -> torch.Tensor:
         """The first validation sentence's greedy cross-attention (output rows × source columns)."""
         greedy = dataclasses.replace(self.decoding, beam_size=1)
-        hyp = decode_ids(self.model, [self.valid.src_ids[0]], greedy, self.device,
-                         return_attention=True)[0][0]
+        hyp = decode_ids(self.model, [self.valid.src_ids[0]], greedy, self.device, return_attention=True,
+                         amp=self.decode_amp)[0][0]
         return hyp.attention if hyp.attention is not None else torch.empty(0)

@@ -54,7 +54,7 @@ def evaluate(cfg: EvaluateConfig) -> float:
     assert cfg.checkpoint is not None  # validate() requires it
     configure_threads(cfg.device)
     engine = Translator.from_checkpoint(cfg.checkpoint, device=select_device(cfg.device),
-                                        decoding=cfg.decoding)
+                                        decoding=cfg.decoding, amp=cfg.device.amp)
     checkpoint = Path(engine.info["checkpoint"])
     sources, references, name = load_eval_set(cfg, checkpoint.parent, engine.info["config"])
     if cfg.max_sentences is not None:
@@ -72,7 +72,7 @@ def evaluate(cfg: EvaluateConfig) -> float:
     report: dict[str, Any] = {
         "checkpoint": str(checkpoint), "set": name, "search": search, **scores.as_dict(),
         "sentences_per_s": len(sources) / seconds, "tokens_per_s": out_tokens / seconds, "seconds": seconds,
-        "device": str(engine.device), "decoding": d.__dict__,
+        "device": str(engine.device), "amp": str(engine.precision), "decoding": d.__dict__,
     }
     out_dir = Path(cfg.output_dir) if cfg.output_dir else checkpoint.parent / "eval"
     stem = f"{name}.{checkpoint.stem}.{search}"
@@ -85,7 +85,7 @@ def evaluate(cfg: EvaluateConfig) -> float:
     print(f"  BLEU signature: {scores.bleu_signature}")
     print(f"  chrF signature: {scores.chrf_signature}")
     print(f"  speed: {report['sentences_per_s']:.1f} sentences/s, {report['tokens_per_s']:.0f} tokens/s"
-          f" on {engine.device}")
+          f" on {engine.device} ({engine.precision})")
     print(f"  wrote {out_dir / (stem + '.hyp.txt')} and {stem}.json")
     return scores.bleu
 

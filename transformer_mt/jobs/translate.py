@@ -100,8 +100,11 @@ def load_engine(cfg: TranslateConfig) -> TextTranslator:
                                       intra_threads=cfg.device.num_threads or 0, decoding=cfg.decoding,
                                       max_input_tokens=cfg.max_input_tokens, exact=cfg.ct2_exact)
     assert cfg.checkpoint is not None  # validate() requires it
-    return Translator.from_checkpoint(cfg.checkpoint, device=select_device(cfg.device), decoding=cfg.decoding,
-                                      max_input_tokens=cfg.max_input_tokens)
+    engine = Translator.from_checkpoint(cfg.checkpoint, device=select_device(cfg.device),
+                                        decoding=cfg.decoding, max_input_tokens=cfg.max_input_tokens,
+                                        amp=cfg.device.amp)
+    log.info("translating on %s (%s)", engine.device, engine.precision)
+    return engine
 
 
 def write_lines(engine: TextTranslator, lines: Iterable[str], out: TextIO, cfg: TranslateConfig) -> int:
