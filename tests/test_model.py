@@ -265,6 +265,29 @@ def test_inference_projection_follows_weight_updates() -> None:
     assert torch.allclose(after, reference, **TOL)
 
 
+def test_inference_projection_follows_fused_optimizer_steps() -> None:
+    """Validation between training steps sees the updated weights, also after a fused AdamW step,
+    which updates weights in place without bumping their version counter (the bug that made
+    validation use the first validation's output projection)."""
+    model = tiny_model(seed=11)
+    src = padded_batch([5, 3], seed=12)
+    tgt = padded_batch([4, 2], seed=13, first=BOS)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, fused=True)
+    for _ in range(2):
+        with torch.no_grad():
+            validated = model.eval()(src, tgt)
+        model.train()
+        model(src, tgt).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    with torch.no_grad():
+        cached = model.eval()(src, tgt)
+    with torch.enable_grad():
+        reference = model(src, tgt)
+    assert not torch.allclose(validated, cached)
+    assert torch.allclose(cached, reference, **TOL)
+
+
 def test_padding_invariance() -> None:
     model = tiny_model(seed=7)
     src = padded_batch([8, 5, 3], seed=9)

@@ -333,15 +333,21 @@ class Transformer(nn.Module):
     def _project(self, h: Tensor) -> Tensor:
         """Output projection. CPU inference multiplies by a cached (D, V) copy of the weight:
         the BLAS runs 7-25% faster on it than on the (V, D) layout that training updates. Under
-        autocast the copy is kept in the autocast dtype, instead of being cast again at every step."""
+        autocast the copy is kept in the autocast dtype, instead of being cast again at every step.
+        Only in eval mode, and `train()` drops it: fused optimizers update weights in place without
+        bumping `_version`, so the key alone would miss a training step."""
         w = self.output_projection.weight
-        if torch.is_grad_enabled() or w.device.type != "cpu":
+        if self.training or torch.is_grad_enabled() or w.device.type != "cpu":
             return self.output_projection(h)
         dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else w.dtype
         key = (w.data_ptr(), w._version, dtype)  # changes when the weight is updated, moved or cast
         if self._weight_t_key != key:
             self._weight_t, self._weight_t_key = w.detach().t().contiguous().to(dtype), key
         return h @ self._weight_t
+
+    def train(self, mode: bool = True) -> Transformer:
+        self._weight_t = self._weight_t_key = None  # see _project
+        return super().train(mode)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V); pad_id in tgt_in is masked as a self-attention key."""
