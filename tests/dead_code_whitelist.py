@@ -29,6 +29,8 @@ _.layer_norm_epsilon
 _.pre_tokenizer
 _.normalizer
 _.encode_special_tokens
+# `data.load_pairs`: a corpus's pairs in memory, for notebooks and small corpora.
+load_pairs
 # The public API's own calls, for users: `Translator.predict(text)` (the tutorials' one-sentence call)
 # and `Vocabulary.decode_src`, the pair of `decode_tgt`.
 _.predict
