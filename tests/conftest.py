@@ -60,3 +60,13 @@ def run_cli(*args: str, input: str | None = None, timeout: int = 300) -> subproc
     env.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run([sys.executable, "-m", "transformer_mt", *map(str, args)], cwd=ROOT,
                           input=input, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
+    """A 2-epoch tiny run trained in this process, for tests that need a checkpoint but not its details."""
+    import transformer_mt as tmt
+
+    run_dir = tmp_path_factory.mktemp("tiny-run") / "run"
+    tmt.train(tiny_overrides(corpus, run_dir, **{"training.progress": "false"}))
+    return run_dir

@@ -150,7 +150,7 @@ class TableModel(nn.Module):
         if cache is not None:
             cache.length += tgt.size(1)
         if need_attention:
-            return logits, torch.ones(*tgt.shape, src_pad_mask.size(1))
+            return logits, torch.ones(tgt.size(0), 1, 1, tgt.size(1), src_pad_mask.size(1))
         return logits
 
     def new_cache(self):
@@ -288,8 +288,9 @@ def test_return_attention_shapes(model: Transformer) -> None:
         for hyps, n in zip(result, LENGTHS, strict=True):
             for h in hyps:
                 assert h.attention is not None
-                assert h.attention.shape == (len(h.tokens) + 1, n)
-                assert torch.allclose(h.attention.sum(-1), torch.ones(len(h.tokens) + 1))
+                layers, heads = model.config.decoder_layers, model.config.n_heads
+                assert h.attention.shape == (layers, heads, len(h.tokens) + 1, n)
+                assert torch.allclose(h.attention.sum(-1), torch.ones(layers, heads, len(h.tokens) + 1))
     plain = greedy_search(model, src, bos_id=BOS, eos_id=EOS)
     with_attention = greedy_search(model, src, bos_id=BOS, eos_id=EOS, return_attention=True)
     assert tokens(plain) == tokens(with_attention)

@@ -27,6 +27,7 @@ COMMANDS = {
     "evaluate": "score a checkpoint: BLEU, chrF, CER, WER and decoding speed",
     "translate": "translate text from the command line, stdin or a file",
     "export": "export a checkpoint to CTranslate2 (int8/float16 ...) for fast inference",
+    "serve": "serve a model over HTTP: a JSON API with cross-request batching, and a page",
 }
 USAGE = """usage: transformer-mt <command> [key=value ...] [hydra flags]
 
@@ -42,6 +43,7 @@ examples:
   transformer-mt translate checkpoint=saved_weights/<run> text="He is sleeping."
   echo "I am cold." | transformer-mt translate checkpoint=saved_weights/<run>
   transformer-mt export checkpoint=saved_weights/<run> quantization=int8
+  transformer-mt serve checkpoint=saved_weights/<run> port=8000   # API + page at http://127.0.0.1:8000/
   transformer-mt train --cfg job        # print the composed config
   transformer-mt train --help           # config groups and every key
 
@@ -81,6 +83,9 @@ def _job(command: str) -> Callable[..., Any]:
     if command == "export":
         from transformer_mt.jobs.export import export
         return export
+    if command == "serve":
+        from transformer_mt.jobs.serve import serve
+        return serve
     from transformer_mt.jobs.translate import translate
     return translate
 

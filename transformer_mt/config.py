@@ -235,23 +235,61 @@ class EvaluateConfig:
 
 
 @dataclass
-class TranslateConfig:
-    """The `translate` command: text from the command line, stdin or a file."""
+class EngineConfig:
+    """What `translate` and `serve` share: a model to load and how it decodes."""
 
     checkpoint: str | None = None
     device: DeviceConfig = field(default_factory=DeviceConfig)
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
-    text: str | None = None  # one sentence given on the command line
-    input: str | None = None  # a file with one sentence a line; null = stdin
-    output: str | None = None  # null = stdout
-    scores: bool = False  # print the score before each translation
-    attention_png: str | None = None  # write a cross-attention heatmap of the first sentence
     max_input_tokens: int | None = None  # null: the model's positional limit
     seed: int = 1
     traceback: bool = False
     engine: str = "pytorch"  # pytorch | ctranslate2 (an `export`ed model_dir; the ct2 extra)
     model_dir: str | None = None  # engine=ctranslate2: the exported model directory
     ct2_exact: bool = True  # engine=ctranslate2: reproduce PyTorch search exactly; false = faster
+
+
+@dataclass
+class TranslateConfig(EngineConfig):
+    """The `translate` command: text from the command line, stdin or a file."""
+
+    text: str | None = None  # one sentence given on the command line
+    input: str | None = None  # a file with one sentence a line; null = stdin
+    output: str | None = None  # null = stdout
+    scores: bool = False  # print the score before each translation
+    attention_png: str | None = None  # write a cross-attention heatmap of the first sentence
+
+
+@dataclass
+class BatchingConfig(Section):
+    """Cross-request batching of `serve`: one worker decodes the sentences of concurrent requests together."""
+
+    KEY = "batching"
+    enabled: bool = True  # false: each request is decoded on its own (for comparison)
+    window_ms: float = 5.0  # after the first waiting request, how long the worker gathers more
+    max_sentences: int = 64  # sentences per decoding batch
+    max_queue: int = 1024  # sentences waiting at most; a request beyond it gets 503 + Retry-After
+
+
+@dataclass
+class LimitsConfig(Section):
+    """What one `serve` request may ask for; beyond it, a 413 or 422 with a one-line error."""
+
+    KEY = "limits"
+    max_texts: int = 64  # texts per request
+    max_chars: int = 1000  # characters per text
+    max_beam_size: int = 16
+    timeout_s: float = 60.0  # a request still waiting after this gets 503
+
+
+@dataclass
+class ServeConfig(EngineConfig):
+    """The `serve` command: an HTTP API and a page in front of one model."""
+
+    host: str = "127.0.0.1"  # 0.0.0.0 opens the server to other machines
+    port: int = 8000
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
 
 
 @dataclass
@@ -266,7 +304,7 @@ class ExportConfig:
 
 
 SCHEMAS: dict[str, type] = {"train": TrainConfig, "evaluate": EvaluateConfig, "translate": TranslateConfig,
-                            "export": ExportConfig}
+                            "export": ExportConfig, "serve": ServeConfig}
 
 # Keys that were renamed (old: new, why): the old name fails with one line that names the new one, and
 # the saved overrides of a run being resumed are carried over to the new name.

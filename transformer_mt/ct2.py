@@ -364,6 +364,7 @@ class CT2Translator(TextTranslator):
                     # is a distribution over the source, so that column is what the others leave.
                     attn = torch.tensor(res.attention[k], dtype=torch.float32)[:, : len(sources[i]) - 1]
                     attn = torch.cat((attn, (1 - attn.sum(1, keepdim=True)).clamp(min=0)), dim=1)
+                    attn = attn[None, None]  # CTranslate2 gives one (layer, head) view, see build_spec
                 hyp = [out, raw, attn]
                 if not ended and self.exact:
                     capped.append((sources[i][:-1], out, hyp))

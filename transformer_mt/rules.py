@@ -17,13 +17,14 @@ if TYPE_CHECKING:  # types only: the schemas import this module
     from transformer_mt.config import (
         DatasetConfig,
         DecodingConfig,
+        EngineConfig,
         EvaluateConfig,
         ExportConfig,
         ModelConfig,
+        ServeConfig,
         TokenizerConfig,
         TrainConfig,
         TrainingConfig,
-        TranslateConfig,
     )
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -94,6 +95,14 @@ RANGES: dict[str, Rule] = {
     "decoding.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "max_sentences": at_least(1, or_null=True),
     "max_input_tokens": at_least(1, or_null=True),
+    "port": (lambda v: 0 <= v <= 65535, "a TCP port in [0, 65535] (0: any free port)"),
+    "batching.window_ms": at_least(0),
+    "batching.max_sentences": at_least(1),
+    "batching.max_queue": at_least(1),
+    "limits.max_texts": at_least(1),
+    "limits.max_chars": at_least(1),
+    "limits.max_beam_size": at_least(1),
+    "limits.timeout_s": POSITIVE,
 }
 
 SPECIAL_TOKENS = 4  # <pad> <bos> <eos> <unk>, ids 0-3 (transformer_mt.tokenizer)
@@ -185,13 +194,24 @@ def _train_relations(cfg: TrainConfig) -> list[str]:
 _CHECKPOINT = "checkpoint= is required: a .pt file or a run directory under saved_weights/"
 
 
-def _translate_relations(cfg: TranslateConfig) -> list[str]:
+def _engine_relations(cfg: EngineConfig) -> list[str]:
     if cfg.engine == "ctranslate2" and cfg.device.name == "mps":
         return ["engine=ctranslate2 runs on cpu or cuda, not mps; set device=cpu"]
     return []
 
 
-def _translate_needs(cfg: TranslateConfig) -> list[str]:
+def _serve_relations(cfg: ServeConfig) -> list[str]:
+    found = _engine_relations(cfg)
+    if cfg.decoding.beam_size > cfg.limits.max_beam_size:
+        found.append(f"decoding.beam_size={cfg.decoding.beam_size} is above limits.max_beam_size="
+                     f"{cfg.limits.max_beam_size}; raise the limit or lower the default")
+    if cfg.batching.max_queue < cfg.limits.max_texts:
+        found.append(f"batching.max_queue={cfg.batching.max_queue} cannot hold one request of "
+                     f"limits.max_texts={cfg.limits.max_texts} texts; raise max_queue")
+    return found
+
+
+def _engine_needs(cfg: EngineConfig) -> list[str]:
     if cfg.engine == "ctranslate2":
         return [] if cfg.model_dir else ["engine=ctranslate2 needs model_dir=<directory written by "
                                          "`transformer-mt export checkpoint=...`>"]
@@ -207,11 +227,11 @@ RELATIONS: dict[str, Callable[[Any], list[str]]] = {
     "ModelConfig": _model_relations, "DatasetConfig": _dataset_relations,
     "TokenizerConfig": _tokenizer_relations, "TrainingConfig": _training_relations,
     "DecodingConfig": _decoding_relations, "TrainConfig": _train_relations,
-    "TranslateConfig": _translate_relations,
+    "TranslateConfig": _engine_relations, "ServeConfig": _serve_relations,
 }
 # What a command cannot run without (`--cfg job` prints a config without them).
 REQUIRED: dict[str, Callable[[Any], list[str]]] = {
-    "TranslateConfig": _translate_needs, "EvaluateConfig": _needs_checkpoint,
+    "TranslateConfig": _engine_needs, "ServeConfig": _engine_needs, "EvaluateConfig": _needs_checkpoint,
     "ExportConfig": _needs_checkpoint,
 }
 

@@ -30,13 +30,19 @@ class Hypothesis:
 
     score: greedy/sample = sum of token log-probs (eos included); beam = that sum divided by
     `gnmt_penalty(len(tokens) + 1, length_penalty)` (eos counted).
-    attention: (len(tokens) + 1, n_src) head-averaged cross-attention of the last decoder layer,
-    one row per produced token (eos included) over the non-pad source positions, if requested.
+    attention: (layers, heads, len(tokens) + 1, n_src) cross-attention of every decoder layer and
+    head, one row per produced token (eos included) over the non-pad source positions, if requested.
     """
 
     tokens: list[int]  # without bos and eos
     score: float
     attention: Tensor | None = None
+
+
+def alignment(attention: Tensor) -> Tensor:
+    """(layers, heads, T, S) cross-attention → (T, S): the last layer's average over heads, the usual
+    word-alignment view (attention_png, TensorBoard)."""
+    return attention[-1].mean(0)
 
 
 def max_output_length(src_tokens: int, max_len_a: float, max_len_b: int, max_positions: int) -> int:
@@ -78,16 +84,17 @@ def _step_log_probs(logits: Tensor, ends: Ends, pad_id: int, at_max: Tensor) -> 
 
 
 def _src_attention(attn: Tensor, src_pad: Tensor) -> Tensor:
-    """(T_out, S) attention of one sentence → (T_out, n_src) over its non-pad positions."""
-    return attn[:, ~src_pad].float().cpu()
+    """(T_out, layers, H, S) attention of one sentence → (layers, H, T_out, n_src) over its
+    non-pad positions."""
+    return attn[..., ~src_pad].permute(1, 2, 0, 3).float().cpu()
 
 
 def _decode_step(model: Transformer, tokens: Tensor, memory: Tensor, src_pad: Tensor,
                  cache: DecoderCache | None, need_attention: bool) -> tuple[Tensor, Tensor | None]:
-    """Run the decoder; return last-position logits (N, V) and attention (N, S) or None."""
+    """Run the decoder; return last-position logits (N, V) and attention (N, layers, H, S) or None."""
     if need_attention:
         logits, attn = model.decode(tokens, memory, src_pad, cache, need_attention=True)
-        return logits[:, -1], attn[:, -1]
+        return logits[:, -1], attn[:, :, :, -1]
     return model.decode(tokens, memory, src_pad, cache)[:, -1], None
 
 
@@ -241,7 +248,7 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, be
     scores = torch.zeros(B, K, dtype=torch.float64, device=device)
     scores[:, 1:] = float("-inf")  # all beams start identical: expand only beam 0 at first
     prefix = torch.full((B * K, 1), bos_id, dtype=torch.long, device=device)  # (A*K, 1+t)
-    attn_hist: Tensor | None = None  # (A*K, t, S)
+    attn_hist: Tensor | None = None  # (A*K, t, layers, H, S)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
 
     t = 0

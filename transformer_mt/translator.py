@@ -81,7 +81,7 @@ class Translation:
     text: str
     score: float
     tokens: list[str] | None = None
-    attention: torch.Tensor | None = None  # (output tokens, source tokens)
+    attention: torch.Tensor | None = None  # (layers, heads, output tokens + eos, source tokens + eos)
 
 
 class TextTranslator:

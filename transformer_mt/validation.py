@@ -25,6 +25,7 @@ from transformer_mt.metrics import Scores, score
 from transformer_mt.model import Transformer
 from transformer_mt.records import RunRecords
 from transformer_mt.runtime import autocast, precision
+from transformer_mt.search import alignment
 from transformer_mt.tokenizer import Vocabulary
 from transformer_mt.translator import decode_ids
 
@@ -114,4 +115,4 @@ class Validator:
         greedy = dataclasses.replace(self.decoding, beam_size=1)
         hyp = decode_ids(self.model, [self.valid.src_ids[0]], greedy, self.device, return_attention=True,
                          amp=self.decode_amp)[0][0]
-        return hyp.attention if hyp.attention is not None else torch.empty(0)
+        return alignment(hyp.attention) if hyp.attention is not None else torch.empty(0)

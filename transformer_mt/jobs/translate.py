@@ -16,9 +16,11 @@ from typing import TextIO
 
 from transformer_mt.config import TranslateConfig
 from transformer_mt.data import utf8_lines
+from transformer_mt.engine import load_engine
 from transformer_mt.errors import ConfigError, DataError
-from transformer_mt.runtime import atomic_write, configure_threads, select_device
-from transformer_mt.translator import TextTranslator, Translation, Translator
+from transformer_mt.runtime import atomic_write
+from transformer_mt.search import alignment
+from transformer_mt.translator import TextTranslator, Translation
 
 log = logging.getLogger(__name__)
 CHUNK_LINES = 2000  # lines translated together: big enough to batch well, small enough to stream
@@ -73,7 +75,7 @@ def write_attention_png(engine: TextTranslator, sentence: str, path: Path) -> No
         raise ConfigError("this decoding mode returns no attention; use decoding.sampling=false")
     src_tokens = engine.vocab.src_tokens(sentence, add_eos=True)
     out_tokens = [*(best.tokens or []), "</s>"]
-    weights = best.attention[: len(out_tokens), : len(src_tokens)].float().cpu().numpy()
+    weights = alignment(best.attention)[: len(out_tokens), : len(src_tokens)].float().cpu().numpy()
     fig, ax = plt.subplots(figsize=(1 + 0.45 * len(src_tokens), 1 + 0.4 * len(out_tokens)))
     ax.imshow(weights, cmap="viridis", aspect="auto")
     ax.set_xticks(range(len(src_tokens)), src_tokens, rotation=60, ha="right")
@@ -86,25 +88,6 @@ def write_attention_png(engine: TextTranslator, sentence: str, path: Path) -> No
     plt.close(fig)
     atomic_write(path, lambda f: f.write(buffer.getvalue()))
     log.info("attention heatmap written to %s", path)
-
-
-def load_engine(cfg: TranslateConfig) -> TextTranslator:
-    """The PyTorch Translator on a checkpoint, or with engine=ctranslate2 a CT2Translator (the same
-    interface) on a model directory written by `transformer-mt export` (the `ct2` extra)."""
-    configure_threads(cfg.device)
-    if cfg.engine == "ctranslate2":
-        from transformer_mt.ct2 import CT2Translator  # ConfigError naming the extra without ctranslate2
-
-        assert cfg.model_dir is not None  # validate() requires it
-        return CT2Translator.from_dir(cfg.model_dir, device=cfg.device.name,
-                                      intra_threads=cfg.device.num_threads or 0, decoding=cfg.decoding,
-                                      max_input_tokens=cfg.max_input_tokens, exact=cfg.ct2_exact)
-    assert cfg.checkpoint is not None  # validate() requires it
-    engine = Translator.from_checkpoint(cfg.checkpoint, device=select_device(cfg.device),
-                                        decoding=cfg.decoding, max_input_tokens=cfg.max_input_tokens,
-                                        amp=cfg.device.amp)
-    log.info("translating on %s (%s)", engine.device, engine.precision)
-    return engine
 
 
 def write_lines(engine: TextTranslator, lines: Iterable[str], out: TextIO, cfg: TranslateConfig) -> int:

@@ -106,7 +106,7 @@ class MultiHeadAttention(nn.Module):
         layer_idx: int = 0,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """x (B, T, D) [, memory (A, S, D)] → (output (B, T, D), head-averaged weights or None).
+        """x (B, T, D) [, memory (A, S, D)] → (output (B, T, D), weights (B, H, T, S) or None).
 
         Cross-attention allows B = A·G: G consecutive rows of x (beams) share one memory row.
 
@@ -131,8 +131,9 @@ class MultiHeadAttention(nn.Module):
                 attn_mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)
             if attn_mask is not None:
                 scores = scores.masked_fill(~attn_mask, float("-inf"))
-            probs = scores.softmax(dim=-1)
-            weights = probs.mean(dim=1).reshape(B, T, S)  # (B, T, S)
+            probs = scores.softmax(dim=-1)  # (A, H, G*T, S): G decoder rows per memory row
+            A = probs.size(0)
+            weights = probs.view(A, self.n_heads, B // A, T, S).transpose(1, 2).reshape(B, -1, T, S)
             y = F.dropout(probs, dropout_p, self.training) @ v  # (B, H, T, hd)
         elif x.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
             # torch's CPU attention kernels run 1.5-8x slower in bf16 than in float32 (torch 2.13 on

@@ -128,7 +128,7 @@ class DecoderLayer(nn.Module):
         layer_idx: int = 0,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """x (B, T, D), memory (B, S, D) → (B, T, D) and cross-attention weights (B, T, S)|None.
+        """x (B, T, D), memory (B, S, D) → (B, T, D) and cross-attention weights (B, H, T, S)|None.
 
         self_mask None means "plain causal" (SDPA fast path); otherwise it already contains the
         causal structure.
@@ -196,7 +196,8 @@ class Decoder(nn.Module):
         cache: DecoderCache | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """tgt (B, T) ids → hidden states (B, T, D) and last layer's cross-attn weights|None."""
+        """tgt (B, T) ids → hidden states (B, T, D) and, on request, every layer's and head's
+        cross-attention weights (B, layers, H, T, S)."""
         T = tgt.size(1)
         offset = cache.length if cache is not None else 0
         x = self.embed_tokens(tgt) * self.embed_scale + self.positional(T, offset)
@@ -212,14 +213,15 @@ class Decoder(nn.Module):
         # is not tracked there (rows that are already finished are ignored by the search).
         cross_mask = padding_attn_mask(src_pad_mask)
 
-        weights = None
-        last = len(self.layers) - 1
+        weights: list[Tensor] = []
         for i, layer in enumerate(self.layers):
-            x, weights = layer(x, memory, self_mask, cross_mask, cache, i,
-                               need_weights and i == last)
+            x, w = layer(x, memory, self_mask, cross_mask, cache, i, need_weights)
+            if w is not None:
+                weights.append(w)
         if cache is not None:
             cache.length += T
-        return (self.final_norm(x) if self.final_norm is not None else x), weights
+        x = self.final_norm(x) if self.final_norm is not None else x
+        return x, torch.stack(weights, dim=1) if need_weights else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -316,7 +318,7 @@ class Transformer(nn.Module):
         cache: DecoderCache | None = None,
         need_attention: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """tgt (B, T) ids → logits (B, T, V) [, last layer's head-mean cross-attention (B, T, S)].
+        """tgt (B, T) ids → logits (B, T, V) [, cross-attention (B, layers, H, T, S)].
 
         With a cache, tgt holds only the NEW tokens (usually T=1); positions continue from
         cache.length; self-attention K/V are appended to the cache; cross-attention K/V are

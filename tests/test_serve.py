@@ -1,0 +1,399 @@
+"""`transformer-mt serve`: the JSON API against the Translator it wraps, cross-request batching, limits and
+every bad input, and the real command on a real port."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import transformer_mt as tmt
+from tests.conftest import ROOT, run_cli
+from transformer_mt.config import BatchingConfig, DecodingConfig
+from transformer_mt.translator import TextTranslator, Translation, Translator
+
+pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from transformer_mt.serve.app import create_app  # noqa: E402
+from transformer_mt.serve.batcher import Batcher, Search  # noqa: E402
+
+SENTENCES = ["He is sleeping.", "I am cold.", "Where is the station?", "", "Tom likes to read books."]
+
+
+def serve_config(run: Path, *overrides: str):
+    return tmt.compose("serve", [f"checkpoint={run}", "device=cpu", "device.num_threads=2", *overrides])
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_run: Path) -> Translator:
+    # float32: a barely trained model has near ties that bf16 rounding could break either way
+    return Translator.from_checkpoint(tiny_run, device="cpu", decoding=serve_config(tiny_run).decoding,
+                                      amp="off")
+
+
+@pytest.fixture(scope="module")
+def client(tiny_run: Path, engine: Translator) -> Iterator[TestClient]:
+    with TestClient(create_app(engine, serve_config(tiny_run, "limits.max_texts=8", "limits.max_chars=200",
+                                                    "limits.max_beam_size=6"))) as c:
+        yield c
+
+
+# -- answers -------------------------------------------------------------------------------------------
+def test_translations_equal_the_translator_in_request_order(client: TestClient, engine: Translator) -> None:
+    r = client.post("/translate", json={"text": SENTENCES})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"translations": engine.translate(SENTENCES)}
+    one = client.post("/translate", json={"text": SENTENCES[2], "beam_size": 1}).json()
+    assert one["translations"] == [engine.translate(SENTENCES[2], beam_size=1)]
+
+
+def test_nbest_scores_and_attention(client: TestClient, engine: Translator) -> None:
+    body = client.post("/translate", json={"text": SENTENCES[:2], "beam_size": 4, "n_best": 3,
+                                           "attention": True}).json()
+    expected = engine.translate_nbest(SENTENCES[:2], beam_size=4, n_best=3, return_attention=True)
+    assert [[h["text"] for h in nbest] for nbest in body["nbest"]] == [[h.text for h in e] for e in expected]
+    for nbest, exp in zip(body["nbest"], expected):
+        assert [h["score"] for h in nbest] == pytest.approx([h.score for h in exp], abs=1e-5)
+    layers, heads = engine.model.config.decoder_layers, engine.model.config.n_heads
+    for text, amap in zip(SENTENCES[:2], body["attention"]):
+        weights = torch.tensor(amap["weights"])
+        assert weights.shape == (layers, heads, len(amap["target_tokens"]), len(amap["source_tokens"]))
+        assert amap["source_tokens"] == engine.vocab.src_tokens(text, add_eos=True)
+        assert amap["target_tokens"][-1] == "<eos>"
+        assert torch.allclose(weights.sum(-1), torch.ones(weights.shape[:-1]), atol=1e-3)
+    assert "nbest" not in client.post("/translate", json={"text": ["I am cold."]}).json()
+    scored = client.post("/translate", json={"text": ["I am cold."], "scores": True}).json()
+    assert len(scored["nbest"][0]) == 1 and isinstance(scored["nbest"][0][0]["score"], float)
+
+
+def test_attention_head_average_is_the_searched_alignment(client: TestClient, engine: Translator) -> None:
+    """The page's default view (last layer, heads averaged) is the attention_png/TensorBoard view."""
+    from transformer_mt.search import alignment
+
+    body = client.post("/translate", json={"text": ["I am cold."], "beam_size": 1, "attention": True}).json()
+    best = engine.translate_nbest(["I am cold."], return_attention=True, beam_size=1)[0][0]
+    assert best.attention is not None
+    view = torch.tensor(body["attention"][0]["weights"])[-1].mean(0)
+    assert torch.allclose(view, alignment(best.attention), atol=1e-3)
+
+
+def test_health_metrics_page_and_schema(client: TestClient, engine: Translator) -> None:
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and health["engine"] == "pytorch"
+    assert health["vocabulary"]["target_size"] == engine.vocab.tgt_vocab_size
+    assert health["languages"] == {"source": "en", "target": "fr"}
+    client.post("/translate", json={"text": ["I am cold.", "He is sleeping."]})
+    metrics = client.get("/metrics").json()
+    assert metrics["requests"]["200"] >= 1 and metrics["sentences"] >= 2 and metrics["batches"] >= 1
+    assert set(metrics["latency_ms"]) == {"p50", "p95", "p99"}
+    page = client.get("/")
+    assert page.status_code == 200 and "<canvas" in page.text and "https://" not in page.text  # no CDN
+    schema = client.get("/openapi.json").json()
+    body = schema["paths"]["/translate"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert "text" in body["properties"] and "text" in body["required"]
+
+
+def test_a_ctranslate2_export_is_served_the_same_way(tiny_run: Path, tmp_path: Path) -> None:
+    pytest.importorskip("ctranslate2")
+    from transformer_mt.ct2 import export_ctranslate2
+    from transformer_mt.engine import load_engine
+
+    model_dir = export_ctranslate2(tiny_run, tmp_path / "ct2", quantization="float32")
+    cfg = serve_config(tiny_run, "engine=ctranslate2", f"model_dir={model_dir}")
+    engine = load_engine(cfg)
+    with TestClient(create_app(engine, cfg)) as c:
+        body = c.post("/translate", json={"text": SENTENCES[:3], "attention": True}).json()
+        assert body["translations"] == engine.translate(SENTENCES[:3])
+        assert len(body["attention"][0]["weights"]) == 1  # CTranslate2 gives the last layer's average
+        assert c.get("/health").json()["engine"] == "ctranslate2"
+
+
+# -- bad input ---------------------------------------------------------------------------------------
+BAD = [
+    (b"not json", 400, "not JSON"),
+    ('{"text": ["caf\u00e9"]}'.encode("latin-1"), 400, "not UTF-8"),
+    (b'["a list"]', 422, "JSON object"),
+    (b"{}", 422, "text"),
+    (b'{"text": 5}', 422, "text"),
+    (b'{"text": ["ok", 7]}', 422, "text"),
+    (b'{"text": []}', 422, "empty"),
+    (json.dumps({"text": ["a"] * 9}).encode(), 413, "limits.max_texts"),
+    (json.dumps({"text": ["a" * 201]}).encode(), 413, "limits.max_chars"),
+    (b'{"text": ["a"], "beam_size": 7}', 422, "limit of 6"),
+    (b'{"text": ["a"], "beam_size": 0}', 422, "beam_size"),
+    (b'{"text": ["a"], "beam_size": "5"}', 422, "beam_size"),
+    (b'{"text": ["a"], "beam_size": true}', 422, "beam_size"),
+    (b'{"text": ["a"], "beam_size": 2, "n_best": 3}', 422, "n_best"),
+    (b'{"text": ["a"], "colour": "red"}', 422, "colour"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "says"), BAD, ids=[b[2] for b in BAD])
+def test_bad_requests_get_one_line_errors_and_the_server_goes_on(client: TestClient, body: bytes, status: int,
+                                                                 says: str) -> None:
+    r = client.post("/translate", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert says in error and "\n" not in error and "Traceback" not in error
+    assert client.post("/translate", json={"text": ["I am cold."]}).status_code == 200
+
+
+def test_unknown_routes_and_methods_answer_json(client: TestClient) -> None:
+    for r, status in ((client.get("/nothing"), 404), (client.get("/translate"), 405)):
+        assert r.status_code == status and set(r.json()) == {"error"}
+
+
+def test_curl_style_form_body_is_read_as_json(client: TestClient, engine: Translator) -> None:
+    """`curl -d '{...}'` sends application/x-www-form-urlencoded; the body is JSON all the same."""
+    r = client.post("/translate", content=b'{"text": ["He is sleeping."]}',
+                    headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert r.json() == {"translations": [engine.translate("He is sleeping.")]}
+
+
+# -- the batcher, with an engine that records its batches ----------------------------------------------
+class RecordingEngine(TextTranslator):
+    """Translates by upper-casing; can hold the worker on its first batch; records every batch."""
+
+    def __init__(self, hold: threading.Event | None = None, fail_on: str | None = None) -> None:
+        self.decoding = DecodingConfig()
+        self.batches: list[tuple[list[str], int | None]] = []
+        self.hold, self.fail_on = hold, fail_on
+        self.info = {}
+
+    def translate_nbest(self, sentences: list[str], return_attention: bool = False,
+                        **options: object) -> list[list[Translation]]:
+        if self.hold is not None:
+            self.hold.wait(10)
+        self.batches.append((list(sentences), options.get("beam_size")))  # type: ignore[arg-type]
+        if self.fail_on in sentences:
+            raise RuntimeError("a bad batch")
+        return [[Translation(s.upper(), -1.0)] for s in sentences]
+
+
+async def _gather(batcher: Batcher, requests: list[tuple[list[str], Search]],
+                  release: threading.Event | None) -> list:
+    tasks = [asyncio.ensure_future(batcher.translate(texts, search)) for texts, search in requests]
+    await asyncio.sleep(0.05)  # all queued while the worker is held
+    if release is not None:
+        release.set()
+    return await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _run(engine: RecordingEngine, cfg: BatchingConfig, requests: list[tuple[list[str], Search]],
+         release: threading.Event | None = None) -> list:
+    batcher = Batcher(engine, cfg)
+    batcher.start()
+    try:
+        return asyncio.run(_gather(batcher, requests, release))
+    finally:
+        batcher.stop()
+
+
+def test_concurrent_requests_are_decoded_together_and_answered_in_their_own_order() -> None:
+    hold = threading.Event()
+    engine = RecordingEngine(hold)
+    requests = [([f"r{i} a", f"r{i} b"], Search()) for i in range(6)]
+    answers = _run(engine, BatchingConfig(window_ms=20, max_sentences=64), requests, hold)
+    for (texts, _), nbests in zip(requests, answers):
+        assert [n[0].text for n in nbests] == [t.upper() for t in texts]
+    assert len(engine.batches) <= 2  # the first request alone (holding the worker), then all the rest
+    assert sum(len(b[0]) for b in engine.batches) == 12
+
+
+def test_batches_respect_max_sentences_and_never_mix_searches() -> None:
+    hold = threading.Event()
+    engine = RecordingEngine(hold)
+    requests = [([f"g{i}"], Search()) for i in range(5)]
+    requests += [([f"b{i}"], Search(beam_size=3)) for i in range(3)]
+    answers = _run(engine, BatchingConfig(window_ms=1, max_sentences=2), requests, hold)
+    assert all(not isinstance(a, BaseException) for a in answers)
+    for texts, beam in engine.batches:
+        assert len(texts) <= 2
+        assert {t[0] for t in texts} == ({"b"} if beam == 3 else {"g"})
+
+
+def test_batching_off_decodes_each_request_alone() -> None:
+    hold = threading.Event()
+    engine = RecordingEngine(hold)
+    _run(engine, BatchingConfig(enabled=False), [([f"r{i}", "x"], Search()) for i in range(4)], hold)
+    assert [len(b[0]) for b in engine.batches] == [2, 2, 2, 2]
+
+
+def test_a_failing_batch_fails_its_requests_only_and_the_worker_goes_on() -> None:
+    engine = RecordingEngine(fail_on="boom")
+    batcher = Batcher(engine, BatchingConfig(enabled=False))
+    batcher.start()
+
+    async def scenario():
+        bad = await asyncio.gather(batcher.translate(["boom"], Search()), return_exceptions=True)
+        good = await batcher.translate(["fine"], Search())
+        return bad, good
+
+    try:
+        bad, good = asyncio.run(scenario())
+    finally:
+        batcher.stop()
+    assert isinstance(bad[0], RuntimeError) and good[0][0].text == "FINE"
+
+
+def test_a_client_that_goes_away_does_not_break_the_worker() -> None:
+    hold = threading.Event()
+    engine = RecordingEngine(hold)
+    batcher = Batcher(engine, BatchingConfig(window_ms=1))
+    batcher.start()
+
+    async def scenario():
+        first = asyncio.ensure_future(batcher.translate(["first"], Search()))  # being decoded, held
+        gone = asyncio.ensure_future(batcher.translate(["gone"], Search(beam_size=2)))  # still queued
+        await asyncio.sleep(0.05)
+        first.cancel()
+        gone.cancel()
+        hold.set()
+        return await batcher.translate(["after"], Search())
+
+    try:
+        after = asyncio.run(scenario())
+    finally:
+        batcher.stop()
+    assert after[0][0].text == "AFTER"
+    assert all("gone" not in texts for texts, _ in engine.batches)
+
+
+def test_full_queue_answers_503_with_retry_after_and_slow_requests_time_out(tiny_run: Path) -> None:
+    hold = threading.Event()
+    engine = RecordingEngine(hold)
+    cfg = serve_config(tiny_run, "batching.max_queue=2", "limits.max_texts=2", "limits.timeout_s=0.5")
+    with TestClient(create_app(engine, cfg)) as c:
+        results: list = []
+        workers = [threading.Thread(target=lambda: results.append(c.post("/translate", json={"text": ["a"]})))
+                   for _ in range(3)]
+        for w in workers:
+            w.start()
+            time.sleep(0.05)
+        full = c.post("/translate", json={"text": ["b", "c"]})
+        assert full.status_code == 503 and int(full.headers["Retry-After"]) >= 1
+        assert "busy" in full.json()["error"]
+        for w in workers:
+            w.join()
+        assert {r.status_code for r in results} == {503}  # waited past limits.timeout_s
+        assert "limits.timeout_s" in results[0].json()["error"]
+        hold.set()
+        assert c.post("/translate", json={"text": ["d"]}).json() == {"translations": ["D"]}
+
+
+# -- the real command ------------------------------------------------------------------------------------
+@pytest.fixture
+def server(tiny_run: Path) -> Iterator[str]:
+    """`transformer-mt serve` on a free port, as a user starts it; its URL."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "transformer_mt", "serve", f"checkpoint={tiny_run}", "port=0",
+               "device=cpu"]
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        found = re.search(r"http://127\.0\.0\.1:\d+/", line)
+        assert found, (line, proc.stderr.read() if proc.poll() is not None else "")  # type: ignore[union-attr]
+        yield found.group(0)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    # Ctrl-C is a graceful stop, not a crash
+    assert proc.returncode == 0 and "server stopped" in out and "Traceback" not in err, err
+
+
+def test_serve_command_answers_like_translate(server: str, tiny_run: Path) -> None:
+    # A body with no Content-Type header, as `curl -d` sends it.
+    request = urllib.request.Request(server + "translate", data=b'{"text": ["He is sleeping."]}')
+    with urllib.request.urlopen(request, timeout=30) as r:
+        served = json.load(r)["translations"]
+    cli = run_cli("translate", f"checkpoint={tiny_run}", "device=cpu", "decoding.beam_size=4",
+                  "text=He is sleeping.")
+    assert cli.returncode == 0, cli.stderr
+    assert served == [cli.stdout.rstrip("\n")]
+    with urllib.request.urlopen(server + "health", timeout=10) as r:
+        assert json.load(r)["status"] == "ok"
+
+
+@pytest.mark.parametrize(("override", "says"), [
+    ("port=70000", "port=70000"),
+    ("batching.window_ms=-1", "batching.window_ms"),
+    ("decoding.beam_size=20", "limits.max_beam_size"),
+])
+def test_serve_config_errors_are_one_line(tiny_run: Path, override: str, says: str) -> None:
+    result = run_cli("serve", f"checkpoint={tiny_run}", override)
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and says in lines[0], result.stderr
+
+
+def test_serve_needs_a_checkpoint() -> None:
+    result = run_cli("serve")
+    assert result.returncode != 0 and "checkpoint=" in result.stderr and "Traceback" not in result.stderr
+
+
+# -- the page, in a real browser --------------------------------------------------------------------------
+CHROMIUM = Path("/usr/bin/chromium")
+SCREENSHOT_DIR = os.environ.get("TMT_SCREENSHOT_DIR")  # also keep the screenshot there (README, CI)
+
+
+@pytest.mark.browser
+def test_page_translates_and_draws_the_heatmap_in_chromium(server: str, tmp_path: Path) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not CHROMIUM.exists():
+        missing = "no /usr/bin/chromium (Debian: apt-get install chromium; scripts/test.sh installs it)"
+        if os.environ.get("CI"):  # CI must run this test, not skip it
+            pytest.fail(missing)
+        pytest.skip(missing)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        try:
+            page = browser.new_page(viewport={"width": 900, "height": 700})
+            page.goto(server, timeout=30_000)
+            page.wait_for_function("document.getElementById('model').textContent.includes('pytorch')")
+            page.fill("#source", "He is sleeping.")
+            page.press("#source", "Enter")
+            page.wait_for_selector("#heatmap[data-drawn]", timeout=30_000)
+            shown = page.inner_text("#translation")
+            drawn = page.get_attribute("#heatmap", "data-drawn")
+            # Coloured cells, not a blank canvas: count pixels far from white.
+            coloured = page.evaluate("""() => {
+                const c = document.getElementById('heatmap'), d = c.getContext('2d')
+                    .getImageData(0, 0, c.width, c.height).data;
+                let n = 0; for (let i = 0; i < d.length; i += 4) if (d[i] + d[i+1] + d[i+2] < 600) n++;
+                return n; }""")
+            page.select_option("#layer", "0")  # the selectors redraw one layer's view
+            page.select_option("#head", "1")
+            page.screenshot(path=str(tmp_path / "page.png"), full_page=True)
+            if SCREENSHOT_DIR:
+                Path(SCREENSHOT_DIR).mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(Path(SCREENSHOT_DIR) / "serve-page.png"), full_page=True)
+        finally:
+            browser.close()
+    request = urllib.request.Request(server + "translate", data=b'{"text": ["He is sleeping."]}')
+    with urllib.request.urlopen(request, timeout=30) as r:
+        assert shown == json.load(r)["translations"][0]
+    rows, cols = map(int, drawn.split("x"))
+    assert cols >= 2 and rows >= 1
+    assert coloured > rows * cols * 100  # each cell is ~33x33 pixels
+    assert (tmp_path / "page.png").stat().st_size > 10_000

@@ -1,0 +1,273 @@
+"""The HTTP API and the page: FastAPI routes in front of one `TextTranslator` and its `Batcher`.
+
+Every error a client can cause is answered with a 4xx and one line of JSON, `{"error": "..."}`, that
+says what to change; nothing a client sends can produce a traceback in a response. The request body is
+parsed here rather than by FastAPI, so that `curl -d` (sent as a form) works like a JSON client and a
+non-UTF-8 or non-JSON body gets its own message; the OpenAPI schema still describes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import math
+import statistics
+import time
+from collections.abc import AsyncIterator
+from importlib import resources
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException
+
+from transformer_mt.config import ServeConfig
+from transformer_mt.serve.batcher import Batcher, QueueFull, Search
+from transformer_mt.tokenizer import EOS
+from transformer_mt.translator import TextTranslator, Translation
+
+log = logging.getLogger(__name__)
+LATENCY_WINDOW = 10_000  # latest /translate latencies kept for the percentiles
+
+
+# -- the API's schema ---------------------------------------------------------------------------------
+class TranslateRequest(BaseModel):
+    """POST /translate: texts and, optionally, how to search and what to return."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    text: list[str] | str = Field(description="the sentences to translate (or one sentence)")
+    beam_size: int | None = Field(None, ge=1, description="1 = greedy; default: the server's")
+    n_best: int | None = Field(None, ge=1, description="hypotheses per text, at most beam_size")
+    scores: bool = Field(False, description="also return each hypothesis with its model score")
+    attention: bool = Field(False, description="also return cross-attention, per layer and head")
+
+
+class Hypothesis(BaseModel):
+    text: str
+    score: float
+
+
+class AttentionMap(BaseModel):
+    source_tokens: list[str]
+    target_tokens: list[str]
+    weights: list[list[list[list[float]]]] = Field(description="[layer][head][target token][source token]")
+
+
+class TranslateResponse(BaseModel):
+    translations: list[str] = Field(description="the best translation of each text, in request order")
+    nbest: list[list[Hypothesis]] | None = None
+    attention: list[AttentionMap] | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: str
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": why} for code, why in (
+        (400, "the body is not UTF-8 JSON"), (413, "too many texts, or a text too long"),
+        (422, "a field is missing, of the wrong type or out of range"),
+        (503, "the queue is full (see Retry-After) or the request waited too long"))}
+
+
+# -- what the server counts -----------------------------------------------------------------------------
+class Metrics:
+    """Counters for GET /metrics."""
+
+    def __init__(self) -> None:
+        self.started = time.time()
+        self.requests: collections.Counter[str] = collections.Counter()  # by status code
+        self.sentences = 0
+        self.latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
+
+    def report(self, batcher: Batcher) -> dict[str, Any]:
+        sizes = batcher.batch_sizes
+        batches = sum(sizes.values())
+        lat = sorted(self.latencies)
+        cuts = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else lat * 99
+        return {
+            "uptime_s": round(time.time() - self.started, 1),
+            "requests": dict(self.requests), "sentences": self.sentences,
+            "queue": {"waiting_sentences": batcher.waiting, "max": batcher.cfg.max_queue},
+            "batches": batches,
+            "batch_sentences": {"mean": round(batcher.decoded / batches, 2) if batches else 0.0,
+                                "max": max(sizes, default=0),
+                                "histogram": {str(k): sizes[k] for k in sorted(sizes)}},
+            "decoding_sentences_per_s": round(batcher.decoded / batcher.decode_seconds, 1)
+            if batcher.decode_seconds else 0.0,
+            "latency_ms": {f"p{p}": round(1000 * cuts[p - 1], 1) for p in (50, 95, 99)} if lat else {},
+        }
+
+
+# -- the app --------------------------------------------------------------------------------------------
+def create_app(engine: TextTranslator, cfg: ServeConfig) -> FastAPI:
+    """The FastAPI app serving `engine` with cfg's batching and limits."""
+    batcher = Batcher(engine, cfg.batching)
+    metrics = Metrics()
+    page = resources.files("transformer_mt.serve").joinpath("page.html").read_text(encoding="utf-8")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        batcher.start()
+        yield
+        batcher.stop()
+
+    app = FastAPI(title="transformer-mt", version="1", lifespan=lifespan,
+                  description="Machine translation with a from-scratch Transformer. `POST /translate` "
+                              "decodes the texts of concurrent requests together.")
+    app.state.batcher, app.state.metrics = batcher, metrics
+
+    @app.middleware("http")
+    async def count(request: Request, call_next: Any) -> Any:
+        response = await call_next(request)
+        metrics.requests[str(response.status_code)] += 1
+        return response
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, ex: HTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(ex.detail)}, status_code=ex.status_code, headers=ex.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, ex: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"error": _one_line(ex.errors())}, status_code=422)
+
+    @app.exception_handler(Exception)
+    async def internal(_: Request, ex: Exception) -> JSONResponse:
+        log.error("internal error: %s", ex, exc_info=ex)
+        return JSONResponse({"error": "internal error; the server log has the details"}, status_code=500)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def index() -> str:
+        return page
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        """The model, device and vocabulary being served, and the server's uptime."""
+        return {"status": "ok", **describe(engine, cfg), "uptime_s": round(time.time() - metrics.started, 1)}
+
+    @app.get("/metrics")
+    async def report() -> dict[str, Any]:
+        """Request counts by status, sentences, decoding batch sizes and latency percentiles."""
+        return metrics.report(batcher)
+
+    @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,
+              responses=ERRORS, openapi_extra={"requestBody": {
+                  "required": True, "content": {"application/json": {
+                      "schema": TranslateRequest.model_json_schema()}}}})
+    async def translate(request: Request) -> TranslateResponse:
+        """Translate a list of texts: the best translation of each, in order (n-best, scores and
+        cross-attention on request)."""
+        start = time.perf_counter()
+        body = parse_request(await request.body(), cfg)
+        texts = [body.text] if isinstance(body.text, str) else body.text
+        search = Search(body.beam_size, body.n_best, body.attention)
+        try:
+            results = await asyncio.wait_for(batcher.translate(texts, search), cfg.limits.timeout_s)
+        except QueueFull as ex:
+            raise HTTPException(503, str(ex), headers={"Retry-After": str(ex.retry_after)}) from None
+        except asyncio.TimeoutError:
+            waited = f"not translated within {cfg.limits.timeout_s:g} s (limits.timeout_s)"
+            raise HTTPException(503, f"{waited}; the server is overloaded, retry later",
+                                headers={"Retry-After": "5"}) from None
+        metrics.sentences += len(texts)
+        metrics.latencies.append(time.perf_counter() - start)
+        return respond(engine, texts, results, body)
+
+    return app
+
+
+def parse_request(raw: bytes, cfg: ServeConfig) -> TranslateRequest:
+    """The request body as a TranslateRequest within the server's limits, or the HTTPException saying
+    what is wrong with it."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as ex:
+        raise HTTPException(400, f"the body is not UTF-8 (byte {ex.start}); send UTF-8 JSON") from None
+    except json.JSONDecodeError as ex:
+        raise HTTPException(400, f"the body is not JSON ({ex.msg} at line {ex.lineno} column {ex.colno}); "
+                            'send {"text": ["..."]}') from None
+    if not isinstance(data, dict):
+        raise HTTPException(422, 'the body must be a JSON object such as {"text": ["..."]}')
+    try:
+        body = TranslateRequest.model_validate(data)
+    except ValidationError as ex:
+        raise HTTPException(422, _one_line(ex.errors())) from None
+    texts = [body.text] if isinstance(body.text, str) else body.text
+    limits = cfg.limits
+    if not texts:
+        raise HTTPException(422, "text is an empty list; send at least one text")
+    if len(texts) > limits.max_texts:
+        raise HTTPException(413, f"{len(texts)} texts in one request; the limit is {limits.max_texts} "
+                            "(limits.max_texts): split the request")
+    for i, text in enumerate(texts):
+        if len(text) > limits.max_chars:
+            raise HTTPException(413, f"text[{i}] has {len(text)} characters; the limit is {limits.max_chars} "
+                                "(limits.max_chars): split it into sentences")
+    beam = body.beam_size or cfg.decoding.beam_size
+    if beam > limits.max_beam_size:
+        raise HTTPException(422, f"beam_size={beam} is above this server's limit of {limits.max_beam_size}")
+    if body.n_best is not None and body.n_best > beam:
+        raise HTTPException(422, f"n_best={body.n_best} is above beam_size={beam}; ask for at most {beam}")
+    return body
+
+
+def _one_line(errors: Any) -> str:
+    """Pydantic's error list as one line: `field: message` of each."""
+    parts = []
+    for e in errors:
+        where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{where}: {e.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+def respond(engine: TextTranslator, texts: list[str], results: list[list[Translation]],
+            body: TranslateRequest) -> TranslateResponse:
+    """The response for one request's results (each a best-first n-best list)."""
+    out = TranslateResponse(translations=[nbest[0].text for nbest in results])
+    if body.scores or (body.n_best or 1) > 1:
+        out.nbest = [[Hypothesis(text=h.text, score=_finite(h.score)) for h in nbest] for nbest in results]
+    if body.attention:
+        out.attention = [attention_map(engine, text, nbest[0]) for text, nbest in zip(texts, results)]
+    return out
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else -1e9  # JSON has no infinity
+
+
+def attention_map(engine: TextTranslator, text: str, best: Translation) -> AttentionMap:
+    """The best hypothesis's cross-attention, with the tokens labelling its rows and columns."""
+    if best.attention is None or not text.strip():
+        return AttentionMap(source_tokens=[], target_tokens=[], weights=[])
+    weights = best.attention.float()  # (layers, heads, target + eos, source + eos)
+    n_tgt, n_src = weights.shape[-2:]
+    source = engine.vocab.src_tokens(text.strip())[: n_src - 1] + [EOS]  # cut as the engine cut it
+    target = [*(best.tokens or []), EOS][:n_tgt]
+    rounded = (weights * 10_000).round() / 10_000
+    return AttentionMap(source_tokens=source, target_tokens=target, weights=rounded.tolist())
+
+
+def describe(engine: TextTranslator, cfg: ServeConfig) -> dict[str, Any]:
+    """What /health reports about the model being served."""
+    info = engine.info
+    dataset = (info.get("config") or {}).get("dataset") or {}
+    vocab = engine.vocab
+    return {
+        "model": info.get("model_dir") or info.get("checkpoint"),
+        "engine": cfg.engine, "step": info.get("step"),
+        "device": str(getattr(engine, "device", info.get("device"))),
+        "precision": str(getattr(engine, "precision", info.get("compute_type"))),
+        "languages": {"source": dataset.get("src_lang"), "target": dataset.get("tgt_lang")},
+        "vocabulary": {"kind": vocab.kind, "joint": vocab.joint, "source_size": vocab.src_vocab_size,
+                       "target_size": vocab.tgt_vocab_size},
+        "decoding": {"beam_size": engine.decoding.beam_size, "n_best": engine.decoding.n_best,
+                     "max_beam_size": cfg.limits.max_beam_size},
+        "limits": {"max_texts": cfg.limits.max_texts, "max_chars": cfg.limits.max_chars},
+        "batching": {"enabled": cfg.batching.enabled, "window_ms": cfg.batching.window_ms,
+                     "max_sentences": cfg.batching.max_sentences},
+    }
