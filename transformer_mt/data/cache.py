@@ -17,7 +17,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import mmap
 import os
 import shutil
 import tempfile
@@ -30,6 +29,7 @@ import numpy as np
 
 from transformer_mt.config import DatasetConfig, TokenizerConfig, resolve_path
 from transformer_mt.data.corpora import Corpus, Skipped, locate
+from transformer_mt.data.memory import release_freed_memory
 from transformer_mt.data.ragged import Ragged
 from transformer_mt.data.split import TEST, TRAIN, VALID, assign, sentence_key
 from transformer_mt.errors import DataError
@@ -38,7 +38,7 @@ from transformer_mt.tokenizer import Vocabulary, train_tokenizers
 log = logging.getLogger(__name__)
 CACHE_FORMAT = 3  # bump when the cached content or its layout changes
 CHUNK = 50_000  # pairs tokenized at a time
-GATHER = 8_192  # training pairs put in split order at a time
+GATHER = 65_536  # training pairs put in split order at a time
 
 
 def _sha256_json(value: Any) -> str:
@@ -110,6 +110,7 @@ def _plan(cfg: DatasetConfig, corpus: Corpus, held_out: dict[str, list[tuple[str
         return Plan(n, skipped, len(chosen), chosen[clean], empty, empty,
                     len(held_out["valid"]), len(held_out["test"]))
     split = assign(src_keys[chosen], tgt_keys[chosen], cfg.valid_size, cfg.test_size, cfg.split_seed)
+    release_freed_memory()
     return Plan(n, skipped, len(chosen), chosen[split.orders[TRAIN]], chosen[split.orders[VALID]],
                 chosen[split.orders[TEST]], split.valid_size, split.test_size)
 
@@ -161,6 +162,7 @@ def _encode_train(corpus: Corpus, plan: Plan, vocab: Vocabulary, folder: Path) -
                 ids, lens = _encode_side(encode, [p[column] for p in chunk])
                 ids.tofile(file)
                 lengths[side].append(lens)
+            release_freed_memory()
 
         chunk: list[tuple[str, str]] = []
         for i, pair in enumerate(corpus.pairs("train")):
@@ -173,14 +175,18 @@ def _encode_train(corpus: Corpus, plan: Plan, vocab: Vocabulary, folder: Path) -
         if chunk:
             flush(chunk)
     # plan.train is in split order; the scratch files are in corpus order: where each split position lies.
-    position = np.searchsorted(np.sort(plan.train), plan.train)
+    position = np.searchsorted(np.sort(plan.train), plan.train).astype(_index_type(len(plan.train)))
+    del is_train
     for side in ("src", "tgt"):
-        offsets = np.zeros(len(plan.train) + 1, dtype=np.int64)
-        np.cumsum(np.concatenate(lengths.pop(side) or [np.zeros(0, np.int32)]), out=offsets[1:])
-        in_corpus_order = Ragged.from_offsets(_ids(scratch[side]), offsets)
-        _write_in_order(in_corpus_order, position, folder / f"train.{side}")
+        lens = np.concatenate(lengths.pop(side) or [np.zeros(0, np.int32)])
+        _write_in_order(scratch[side], lens, position, folder / f"train.{side}")
         scratch[side].unlink()
     return digest.hexdigest()
+
+
+def _index_type(n: int) -> type:
+    """int32 for indices below 2**31 (half the memory a pair), else int64."""
+    return np.int32 if n < 2**31 else np.int64
 
 
 def _ids(path: Path) -> np.ndarray:
@@ -188,19 +194,21 @@ def _ids(path: Path) -> np.ndarray:
     return np.memmap(path, dtype=np.int32, mode="r") if path.stat().st_size else np.zeros(0, np.int32)
 
 
-def _write_in_order(seqs: Ragged, order: np.ndarray, stem: Path) -> None:
-    """seqs[order] written end to end to stem.bin, with offsets in stem.offsets.npy. The gather jumps
-    all over seqs' memory-mapped file: it goes GATHER rows at a time, and the pages each step read are
-    released from this process afterwards (they stay in the OS's page cache), so that the process's
-    resident memory does not grow to the file's size."""
+def _write_in_order(path: Path, lengths: np.ndarray, order: np.ndarray, stem: Path) -> None:
+    """The sequences of the flat int32 file `path` (lengths in file order) written to stem.bin in `order`,
+    with their offsets in stem.offsets.npy. The rows are read with pread, GATHER at a time: a memory
+    map would do for the jumps all over the file, but the kernel maps whole blocks around each row read
+    (fault-around, large folios), so the process would hold the whole file resident."""
+    starts = np.zeros(len(lengths) + 1, dtype=_index_type(int(lengths.sum(dtype=np.int64))))
+    np.cumsum(lengths, out=starts[1:])
     offsets = np.zeros(len(order) + 1, dtype=np.int64)
-    np.cumsum(seqs.lengths[order], out=offsets[1:])
-    mapped = getattr(seqs.flat, "_mmap", None)  # np.memmap's mapping (absent for an empty file)
-    with Path(f"{stem}.bin").open("wb") as out:
-        for start in range(0, len(order), GATHER):
-            seqs.take(order[start:start + GATHER]).compact()[0].tofile(out)
-            if mapped is not None and hasattr(mmap, "MADV_DONTNEED"):
-                mapped.madvise(mmap.MADV_DONTNEED)
+    np.cumsum(lengths[order], out=offsets[1:])
+    with path.open("rb") as src, Path(f"{stem}.bin").open("wb") as out:
+        fd = src.fileno()
+        for first in range(0, len(order), GATHER):
+            rows = order[first:first + GATHER]
+            where, size = (4 * starts[rows].astype(np.int64)).tolist(), (4 * lengths[rows]).tolist()
+            out.write(b"".join(os.pread(fd, n, at) for at, n in zip(where, size)))
     np.save(Path(f"{stem}.offsets.npy"), offsets)
 
 
@@ -230,6 +238,7 @@ def build(cfg: DatasetConfig, tok_cfg: TokenizerConfig, corpus: Corpus, vocab: V
         vocab = train_tokenizers(tok_cfg, [p[0] for p in sample], [p[1] for p in sample])
     tokenizer_pairs = len(sample)
     del sample  # up to tokenizer.max_sentences pairs of text: not kept while the corpus is encoded
+    release_freed_memory()
     train_seconds = time.perf_counter() - started
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))

@@ -61,10 +61,3 @@ class Ragged:
     def tolist(self) -> list[list[int]]:
         """Plain Python lists."""
         return [a.tolist() for a in self]
-
-    def compact(self) -> tuple[np.ndarray, np.ndarray]:
-        """(flat, offsets) holding just these sequences, end to end."""
-        offsets = np.zeros(len(self) + 1, dtype=np.int64)
-        np.cumsum(self.lengths, out=offsets[1:])
-        index = np.arange(offsets[-1], dtype=np.int64) + np.repeat(self.starts - offsets[:-1], self.lengths)
-        return np.asarray(self.flat[index], dtype=np.int32), offsets

@@ -16,12 +16,13 @@ from pathlib import Path
 import numpy as np
 
 from transformer_mt.data.corpora import read_utf8
+from transformer_mt.data.memory import release_freed_memory
 from transformer_mt.errors import DataError
 
 log = logging.getLogger(__name__)
 SPLIT_DIR = "split"
 TRAIN, VALID, TEST = 0, 1, 2
-_CHUNK = 1 << 20
+_CHUNK = 1 << 16  # Python ints at a time: few enough that their memory is reused
 
 
 def sentence_key(sentence: str) -> int:
@@ -100,18 +101,23 @@ def assign(src_keys: np.ndarray, tgt_keys: np.ndarray, valid_size: int, test_siz
     if valid_size + test_size >= n:
         raise too_small
     roots = _roots(np.asarray(src_keys), np.asarray(tgt_keys))
-    firsts, group = np.unique(roots, return_inverse=True)  # groups numbered by their first pair
-    del roots
-    group = group.astype(np.int32 if n < 2**31 else np.int64)
+    release_freed_memory()  # the union-find's Python ints and sort buffers
+    # groups numbered by their first pair (a root is its group's smallest index): np.unique's inverse,
+    # without its sort and int64 temporaries
+    is_first = roots == np.arange(n, dtype=roots.dtype)
+    number = np.cumsum(is_first, dtype=roots.dtype) - 1
+    group = number[roots]
+    groups = int(is_first.sum())
+    del roots, is_first, number
     sizes = np.bincount(group)
-    rank = np.empty(len(firsts), dtype=np.int64)
-    rank[np.random.default_rng(seed).permutation(len(firsts))] = np.arange(len(firsts))
+    rank = np.empty(groups, dtype=np.int64)
+    rank[np.random.default_rng(seed).permutation(groups)] = np.arange(groups)
     by_rank = np.argsort(rank)
     before = np.cumsum(sizes[by_rank]) - sizes[by_rank]  # pairs placed before each group, in rank order
     n_valid = int(np.sum(before < valid_size))
     valid_end = int(before[n_valid]) if n_valid < len(before) else n
     n_test = int(np.sum((before[n_valid:] - valid_end) < test_size))
-    part_of_rank = np.full(len(firsts), TRAIN, dtype=np.int8)
+    part_of_rank = np.full(groups, TRAIN, dtype=np.int8)
     part_of_rank[:n_valid], part_of_rank[n_valid:n_valid + n_test] = VALID, TEST
     group_rank = rank[group].astype(group.dtype)
     del group
