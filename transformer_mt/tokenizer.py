@@ -1,6 +1,6 @@
 """Subword vocabularies: train, encode, decode and serialise the source/target tokenizers.
 
-Three kinds, all built on HF `tokenizers` with fixed special-token ids (<pad>=0, <bos>=1, <eos>=2,
+Four kinds, all built on HF `tokenizers` with fixed special-token ids (<pad>=0, <bos>=1, <eos>=2,
 <unk>=3) and an NFC normaliser (optionally followed by lower-casing):
 
 - `bpe`: byte-level BPE. Every string is representable, so decode(encode(x)) == NFC(x) exactly.
@@ -10,6 +10,8 @@ Three kinds, all built on HF `tokenizers` with fixed special-token ids (<pad>=0,
   (out-of-vocabulary tokens become <unk> and are dropped on decoding). A literal "▁" in the input
   decodes as a space.
 - `char`: one token per code point (spaces included), same guarantee as `wordlevel`.
+- `unigram`: SentencePiece's unigram language model over "▁"-prefixed words (trained by `tokenizers`'
+  UnigramTrainer); same guarantee as `wordlevel`, with rare words split into pieces instead of <unk>.
 
 Special-token strings typed by a user (e.g. "<eos>") are encoded as ordinary text, never as the
 special ids, so input text cannot end a sequence early.
@@ -64,6 +66,13 @@ def _new_tokenizer(kind: str, lowercase: bool) -> Tokenizer:
             pre_tokenizers.Punctuation(behavior="isolated"),
         ])
         tok.decoder = decoders.Metaspace(replacement=SPACE_MARK, prepend_scheme="never", split=True)
+    elif kind == "unigram":  # SentencePiece's model: every word starts with "▁", the first one too
+        tok = Tokenizer(models.Unigram())
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(r"[^\S ]"), behavior="isolated"),  # as wordlevel: other whitespace
+            pre_tokenizers.Metaspace(replacement=SPACE_MARK, prepend_scheme="always", split=True),
+        ])
+        tok.decoder = decoders.Metaspace(replacement=SPACE_MARK, prepend_scheme="always", split=True)
     elif kind == "char":
         tok = Tokenizer(models.WordLevel(unk_token=UNK))
         tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
@@ -82,6 +91,9 @@ def _trainer(cfg: TokenizerConfig) -> trainers.Trainer:
             vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency, show_progress=False,
             special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         )
+    if cfg.kind == "unigram":
+        return trainers.UnigramTrainer(vocab_size=cfg.vocab_size, special_tokens=SPECIAL_TOKENS,
+                                       unk_token=UNK, show_progress=False)
     return trainers.WordLevelTrainer(
         vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency, show_progress=False,
         special_tokens=SPECIAL_TOKENS,
@@ -101,8 +113,8 @@ def _train_one(cfg: TokenizerConfig, texts: Iterable[str]) -> Tokenizer:
 def _kind_of(tok: Tokenizer) -> str:
     """Recover the kind from a tokenizer's own JSON (so saved files need no side-car)."""
     spec = json.loads(tok.to_str())
-    if spec["model"]["type"] == "BPE":
-        return "bpe"
+    if spec["model"]["type"] in ("BPE", "Unigram"):
+        return spec["model"]["type"].lower()
     return "char" if spec["pre_tokenizer"]["type"] == "Split" else "wordlevel"
 
 
