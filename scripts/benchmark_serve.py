@@ -99,6 +99,14 @@ def load(host: str, port: int, sentences: list[str], clients: int, requests: int
             "p50_ms": 1000 * cuts[49], "p95_ms": 1000 * cuts[94]}
 
 
+def metrics(host: str, port: int) -> dict:
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    conn.request("GET", "/metrics")
+    data = json.loads(conn.getresponse().read())
+    conn.close()
+    return data
+
+
 def measure(checkpoint: str, mode: str, extra: list[str], sentences: list[str], clients: int,
             requests: int) -> dict:
     proc, host, port = start_server(checkpoint, [MODES[mode], *extra])
@@ -106,14 +114,12 @@ def measure(checkpoint: str, mode: str, extra: list[str], sentences: list[str], 
         conn = http.client.HTTPConnection(host, port, timeout=300)
         for text in sentences[:8]:  # warm-up: first calls allocate and tune kernels
             post(conn, {"text": [text]})
-        conn.request("GET", "/metrics")
-        before = json.loads(conn.getresponse().read())
+        conn.close()
+        before = metrics(host, port)
         result = load(host, port, sentences, clients, requests)
-        conn.request("GET", "/metrics")
-        after = json.loads(conn.getresponse().read())
+        after = metrics(host, port)  # a new connection: the server closes idle ones after 5 s
         batches = after["batches"] - before["batches"]
         result["mean_batch"] = result["sentences"] / batches if batches else 0.0
-        conn.close()
         return result
     finally:
         proc.send_signal(signal.SIGINT)

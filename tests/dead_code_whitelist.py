@@ -29,7 +29,20 @@ _.layer_norm_epsilon
 _.pre_tokenizer
 _.normalizer
 _.encode_special_tokens
+# `data.load_pairs`: a corpus's pairs in memory, for notebooks and small corpora.
+load_pairs
 # The public API's own calls, for users: `Translator.predict(text)` (the tutorials' one-sentence call)
 # and `Vocabulary.decode_src`, the pair of `decode_tgt`.
 _.predict
 _.decode_src
+# serve/app.py: pydantic reads `model_config` and the response models' fields; FastAPI calls the route
+# and exception-handler functions it registers by decorator.
+_.model_config
+_.source_tokens
+_.target_tokens
+_.translations
+http_error
+invalid
+health
+# jobs/serve.py: uvicorn.Server calls its capture_signals, which the serve job overrides.
+_.capture_signals

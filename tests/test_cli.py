@@ -22,7 +22,8 @@ def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
     ("override", "expected"),
     [
         ("model.d_model=250", "model.d_model=250 is not divisible by model.n_heads=4"),
-        ("dataset=nope", "dataset=nope is not a known option; choose one of: opus_books, tatoeba"),
+        ("dataset=nope",
+         "dataset=nope is not a known option; choose one of: hf, opus_books, parallel, tatoeba"),
         ("training.lr=abc", "training.lr=abc"),
         ("training.lrr=1", "'training.lrr' is not a known key"),
         ("+foo=1", "'foo' is not a known key"),

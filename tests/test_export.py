@@ -22,7 +22,8 @@ from transformer_mt.config import (
     TokenizerConfig,
     TranslateConfig,
 )
-from transformer_mt.data import collate, read_tatoeba, select_pairs
+from transformer_mt.data import collate, load_pairs
+from transformer_mt.data.cache import sample_indices
 from transformer_mt.model import Transformer
 from transformer_mt.search import alignment
 from transformer_mt.tokenizer import PAD_ID, train_tokenizers
@@ -43,8 +44,9 @@ def float32_reference(run: Path, decoding: DecodingConfig) -> Translator:
 
 @pytest.fixture(scope="module")
 def pairs(corpus: Path) -> tuple[list[str], list[str]]:
-    english, french, _ = read_tatoeba(corpus)
-    return select_pairs(DatasetConfig(max_pairs=N_PAIRS, split_seed=7), english, french)
+    english, french = load_pairs(DatasetConfig(path=str(corpus), url=None))
+    keep = sample_indices(len(english), N_PAIRS, 7).tolist()
+    return [english[i] for i in keep], [french[i] for i in keep]
 
 
 def _train(pairs: tuple[list[str], list[str]], directory: Path, steps: int,

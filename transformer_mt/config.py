@@ -49,11 +49,24 @@ class DatasetConfig(Section):
     """Where the parallel text comes from, how it is filtered and how it is split."""
 
     KEY: ClassVar[str] = "dataset"
-    name: str = "tatoeba"  # tatoeba | opus_books
-    path: str = "data/fra-eng.zip"  # tatoeba: fra.txt or the zip holding it
-    url: str | None = "https://www.manythings.org/anki/fra-eng.zip"  # fetched once if path missing
-    hf_path: str = "Helsinki-NLP/opus_books"  # opus_books: load_dataset(hf_path, hf_name)
-    hf_name: str | None = "en-fr"
+    name: str = "tatoeba"  # tatoeba | parallel | hf | opus_books (hf with its own defaults)
+    # tatoeba: a <lang>-eng.zip (or the .txt in it) of manythings.org, any language with English;
+    # parallel: a TSV of source<TAB>target lines (or src_path + tgt_path)
+    path: str | None = "data/fra-eng.zip"
+    url: str | None = "https://www.manythings.org/anki/fra-eng.zip"  # tatoeba: fetched once if path missing
+    src_path: str | None = None  # parallel: one source sentence a line (.gz too) ...
+    tgt_path: str | None = None  # ... and its translation on the same line here
+    # parallel: held-out pairs of their own (then no split is made), as two files or one TSV each
+    valid_src_path: str | None = None
+    valid_tgt_path: str | None = None
+    valid_path: str | None = None
+    test_src_path: str | None = None
+    test_tgt_path: str | None = None
+    test_path: str | None = None
+    # hf: load_dataset(hf_path, hf_name) from the hub, or a directory written by save_to_disk; rows
+    # {"translation": {src_lang: ..., tgt_lang: ...}}; its validation/test splits are used when it has them
+    hf_path: str | None = None
+    hf_name: str | None = None
     hf_data_files: str | None = None  # local json/jsonl in the same schema (offline use, tests)
     cache_dir: str = "data/cache"  # downloads and encoded-corpus cache
     src_lang: str = "en"
@@ -76,6 +89,7 @@ class TokenizerConfig(Section):
     joint: bool = True  # one vocabulary for both languages (required for tied embeddings)
     min_frequency: int = 2
     lowercase: bool = False
+    max_sentences: int = 500_000  # training pairs the tokenizer learns from (a random sample of more)
 
 
 @dataclass

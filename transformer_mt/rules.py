@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # types only: the schemas import this module
     )
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "dataset.name": ("tatoeba", "opus_books"),
+    "dataset.name": ("tatoeba", "parallel", "hf", "opus_books"),
     "tokenizer.kind": ("bpe", "unigram", "wordlevel", "char"),
     "model.activation": ("relu", "gelu"),
     "model.positional": ("sinusoidal", "learned"),
@@ -62,6 +62,7 @@ RANGES: dict[str, Rule] = {
     "dataset.valid_size": at_least(1),
     "dataset.test_size": at_least(0),
     "tokenizer.min_frequency": at_least(1),
+    "tokenizer.max_sentences": at_least(100),
     **{f"model.{k}": at_least(1) for k in ("d_model", "n_heads", "d_ff", "encoder_layers",
                                             "decoder_layers", "max_positions")},
     **{f"model.{k}": PROBABILITY for k in ("dropout", "attention_dropout", "activation_dropout")},
@@ -128,9 +129,38 @@ def _model_relations(m: ModelConfig) -> list[str]:
 def _dataset_relations(d: DatasetConfig) -> list[str]:
     found = out_of_range("dataset.max_len", d.max_len, d.max_len >= max(1, d.min_len),
                          f">= dataset.min_len ({d.min_len}) and >= 1")
-    if {d.src_lang, d.tgt_lang} != {"en", "fr"}:  # the two corpora hold English-French pairs only
-        found.append(f"dataset.src_lang={d.src_lang!r}, dataset.tgt_lang={d.tgt_lang!r}: use en and fr "
-                     "(either order)")
+    if d.src_lang == d.tgt_lang:
+        found.append(f"dataset.src_lang and dataset.tgt_lang are both {d.src_lang!r}; translate between two")
+    if d.name == "tatoeba" and "en" not in (d.src_lang, d.tgt_lang):  # every Tatoeba file is <lang>-eng
+        found.append(f"dataset=tatoeba pairs English with another language: set dataset.src_lang or "
+                     f"dataset.tgt_lang to en (they are {d.src_lang!r}, {d.tgt_lang!r})")
+    if d.name == "tatoeba" and not d.path:
+        found.append("dataset=tatoeba needs dataset.path=<the <lang>-eng.zip or its .txt>")
+    if d.name == "parallel":
+        found += _parallel_files(d)
+    if d.name in ("hf", "opus_books") and not (d.hf_path or d.hf_data_files):
+        found.append(f"dataset={d.name} needs dataset.hf_path=<a hub dataset or a save_to_disk directory> "
+                     "(or dataset.hf_data_files=<.jsonl>)")
+    return found
+
+
+def _parallel_files(d: DatasetConfig) -> list[str]:
+    """Each part as two files (its src_path and tgt_path) or one TSV; training data is required."""
+    found = []
+    for part, pair, tsv in (("", (d.src_path, d.tgt_path), d.path),
+                            ("valid_", (d.valid_src_path, d.valid_tgt_path), d.valid_path),
+                            ("test_", (d.test_src_path, d.test_tgt_path), d.test_path)):
+        if bool(pair[0]) != bool(pair[1]):
+            found.append(f"dataset.{part}src_path and dataset.{part}tgt_path go together; give both")
+        elif pair[0] and tsv:
+            found.append(f"dataset.{part}path (a TSV) and dataset.{part}src_path/tgt_path are two ways "
+                         "to give the same pairs; keep one")
+    if not (d.src_path or d.path):
+        found.append("dataset=parallel needs its training pairs: dataset.src_path=<file> "
+                     "dataset.tgt_path=<file>, or dataset.path=<source<TAB>target file>")
+    if bool(d.valid_src_path or d.valid_path) != bool(d.test_src_path or d.test_path):
+        found.append("dataset=parallel takes held-out pairs for both valid and test, or for neither "
+                     "(then they are split off the training pairs)")
     return found
 
 

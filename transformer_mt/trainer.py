@@ -117,7 +117,7 @@ class Trainer:
         log.info("device %s (%s), %d threads%s; model %.2fM parameters; %s", self.device,
                  self.precision, torch.get_num_threads(),
                  f", {self.world.size} processes (DDP)" if self.world.distributed else "",
-                 self.model.num_parameters() / 1e6, self.data.summary())
+                 self.model.num_parameters() / 1e6, self.data.summary_line())
 
     def _restore(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint: weights, optimizer, schedule, scaler, position, clock and RNG."""
@@ -386,7 +386,8 @@ class Trainer:
             "job": self.job, "overrides": self.overrides, "best_metric": self.best["metric"],
             "best_value": self._best_value(), "best_epoch": self.best["epoch"], "epochs": self.epoch,
             "steps": self.step, "world_size": self.world.size, "train_seconds": self.clock.seconds,
-            "amp": str(self.precision),
+            "amp": str(self.precision), "src_lang": self.cfg.dataset.src_lang,
+            "tgt_lang": self.cfg.dataset.tgt_lang,
             "wall_seconds": time.perf_counter() - self.started,
             "tgt_tokens_per_s": tokens / seconds if seconds > 0 else math.nan,
         }, hparams(self.cfg, self.overrides, self.world.size), self.step)

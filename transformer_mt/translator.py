@@ -23,11 +23,11 @@ from typing import Any
 import torch
 
 from transformer_mt.checkpoint import model_from_checkpoint
-from transformer_mt.config import DecodingConfig, DeviceConfig, EngineConfig
+from transformer_mt.config import DecodingConfig, DeviceConfig
 from transformer_mt.data import length_sorted_batches, pad_sources
 from transformer_mt.errors import ConfigError
 from transformer_mt.model import Ensemble, Transformer
-from transformer_mt.runtime import Precision, autocast, configure_threads, precision, select_device
+from transformer_mt.runtime import Precision, autocast, precision, select_device
 from transformer_mt.search import Hypothesis, beam_search, greedy_search, sample
 from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Vocabulary
 
@@ -213,22 +213,3 @@ class Translator(TextTranslator):
                 for text, h in zip(texts, nbest)
             ]
         return results
-
-
-def load_engine(cfg: EngineConfig) -> TextTranslator:
-    """The PyTorch Translator on a checkpoint, or with engine=ctranslate2 a CT2Translator (the same
-    interface) on a model directory written by `transformer-mt export` (the `ct2` extra)."""
-    configure_threads(cfg.device)
-    if cfg.engine == "ctranslate2":
-        from transformer_mt.ct2 import CT2Translator  # ConfigError naming the extra without ctranslate2
-
-        assert cfg.model_dir is not None  # validate() requires it
-        return CT2Translator.from_dir(cfg.model_dir, device=cfg.device.name,
-                                      intra_threads=cfg.device.num_threads or 0, decoding=cfg.decoding,
-                                      max_input_tokens=cfg.max_input_tokens, exact=cfg.ct2_exact)
-    assert cfg.checkpoint is not None  # validate() requires it
-    engine = Translator.from_checkpoint(cfg.checkpoint, device=select_device(cfg.device),
-                                        decoding=cfg.decoding, max_input_tokens=cfg.max_input_tokens,
-                                        amp=cfg.device.amp)
-    log.info("translating on %s (%s)", engine.device, engine.precision)
-    return engine

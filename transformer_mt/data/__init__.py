@@ -1,8 +1,11 @@
 """Parallel text, from files to batches.
 
-corpora.py   reading Tatoeba (downloaded once), Opus Books and UTF-8 text; the configured corpus
-split.py     the leak-free train/valid/test split and the split files of a run
-encode.py    token ids, their cache, and `prepare_data`: the data side of a run
+corpora.py   where pairs come from: Tatoeba files of any pair, parallel files or a TSV, Hugging Face
+             datasets, and UTF-8 text in general
+split.py     the leak-free train/valid/test split, and reading a run's split files
+cache.py     the encoded corpus on disk: built in streaming passes, memory-mapped
+ragged.py    token ids of many sentences in one flat array
+encode.py    `prepare_data`, the data side of a run
 batching.py  token batches for training and decoding, padding, the tensors of a step
 """
 
@@ -14,21 +17,21 @@ from transformer_mt.data.batching import (
     length_sorted_batches,
     pad_sources,
 )
+from transformer_mt.data.cache import held_out_pairs
 from transformer_mt.data.corpora import (
     ensure_tatoeba,
     load_pairs,
+    locate,
     read_lines,
-    read_tatoeba,
     read_utf8,
-    select_pairs,
     utf8_lines,
 )
-from transformer_mt.data.encode import EncodedSplit, PreparedData, Ragged, prepare_data
-from transformer_mt.data.split import Parallel, Split, load_split_tsv, save_split, split_pairs
+from transformer_mt.data.encode import EncodedSplit, PreparedData, prepare_data
+from transformer_mt.data.ragged import Ragged
+from transformer_mt.data.split import assign, load_split_tsv, sentence_key
 from transformer_mt.errors import DataError
 
-__all__ = ["Batch", "DataError", "EncodedSplit", "Parallel", "PreparedData", "Ragged", "Split",
-           "TokenBatchSampler", "collate", "ensure_tatoeba", "greedy_cut", "length_sorted_batches",
-           "load_pairs", "load_split_tsv", "pad_sources", "prepare_data", "read_lines",
-           "read_tatoeba", "read_utf8",
-           "save_split", "select_pairs", "split_pairs", "utf8_lines"]
+__all__ = ["Batch", "DataError", "EncodedSplit", "PreparedData", "Ragged", "TokenBatchSampler", "assign",
+           "collate", "ensure_tatoeba", "greedy_cut", "held_out_pairs", "length_sorted_batches",
+           "load_pairs", "load_split_tsv", "locate", "pad_sources", "prepare_data", "read_lines",
+           "read_utf8", "sentence_key", "utf8_lines"]

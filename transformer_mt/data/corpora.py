@@ -1,37 +1,48 @@
-"""Reading parallel text: the Tatoeba file (downloaded once), Opus Books, and UTF-8 text in general.
+"""Where parallel text comes from: Tatoeba files of any language pair (downloaded once), plain parallel
+files or a TSV, any Hugging Face dataset in the `translation` schema, and UTF-8 text in general.
 
-Every reader returns English and French sentences, one line each (tabs and line breaks inside a
-sentence become spaces: they would break the TSV split files), and counts what it had to skip. Every
-UTF-8 problem, in a corpus, a TSV or `translate`'s input, is reported by `not_utf8` with the file and
-line.
+A `Corpus` streams (source, target) pairs in the configured direction, one part at a time (train, and
+valid/test when the corpus brings its own), so that no reader holds a whole corpus in memory. Tabs and
+line breaks inside a sentence become spaces (they would break the split's TSV files); pairs with an
+empty side are skipped and counted. Every UTF-8 problem, in a corpus, a TSV or `translate`'s input, is
+reported by `not_utf8` with the file and line.
 """
 
 from __future__ import annotations
 
 import glob
+import gzip
+import itertools
 import logging
 import os
+import re
 import shutil
 import tempfile
 import urllib.request
 import zipfile
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 from urllib.parse import urlparse
-
-import numpy as np
 
 from transformer_mt.config import DatasetConfig, resolve_path
 from transformer_mt.errors import DataError
 
 log = logging.getLogger(__name__)
 
-LANGS = ("en", "fr")
 ANKI_PAGE = "https://www.manythings.org/anki/"
-OPUS_ROW = '{"translation": {"en": ..., "fr": ...}}'
+HF_ROW = '{"translation": {"<src_lang>": ..., "<tgt_lang>": ...}}'
 _FLATTEN_WS = str.maketrans({"\t": " ", "\r": " ", "\n": " "})
+_TATOEBA_FILE = re.compile(r"([a-z]{3})-eng\.zip|([a-z]{3})\.txt")
+# The manythings files are named by ISO 639-3 codes, configs use ISO 639-1 where one exists: the codes
+# below are checked against the file name (other codes are taken as they are).
+ISO_639_3 = {"ar": "ara", "bg": "bul", "ca": "cat", "cs": "ces", "da": "dan", "de": "deu", "el": "ell",
+             "eo": "epo", "es": "spa", "fi": "fin", "fr": "fra", "he": "heb", "hi": "hin", "hu": "hun",
+             "id": "ind", "it": "ita", "ja": "jpn", "ko": "kor", "lt": "lit", "nl": "nld", "pl": "pol",
+             "pt": "por", "ro": "ron", "ru": "rus", "sv": "swe", "tr": "tur", "uk": "ukr", "vi": "vie",
+             "zh": "cmn"}
 
 
 # -- UTF-8 text ------------------------------------------------------------------------------------
@@ -58,81 +69,186 @@ def read_utf8(path: Path) -> str:
 
 
 def utf8_lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
-    """Lines of a binary stream, decoded one by one (a large input streams), without line endings."""
-    for number, raw in enumerate(stream, start=1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as ex:
-            raise not_utf8(name, number, raw[ex.start]) from None
-        yield line.rstrip("\r\n").lstrip("\ufeff") if number == 1 else line.rstrip("\r\n")
+    """Lines of a binary stream, decoded one by one (a large input streams), without line endings; a
+    damaged compressed file (truncated gzip or zip, not gzip at all) is a DataError naming the line."""
+    number = 0
+    try:
+        for number, raw in enumerate(stream, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as ex:
+                raise not_utf8(name, number, raw[ex.start]) from None
+            yield line.rstrip("\r\n").lstrip("\ufeff") if number == 1 else line.rstrip("\r\n")
+    except (OSError, EOFError, zlib.error, zipfile.BadZipFile) as ex:
+        raise DataError(f"{name}: unreadable after line {number} ({type(ex).__name__}: {ex}); is the file "
+                        "complete, and compressed as its name says?") from None
+
+
+def open_binary(path: Path) -> IO[bytes]:
+    """A file for reading bytes; gzip-compressed when its name ends in .gz."""
+    if not path.is_file():
+        raise DataError(f"{path} does not exist")
+    return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")  # type: ignore[return-value]
 
 
 def read_lines(path: Path) -> list[str]:
-    """The lines of a UTF-8 file, without line endings (DataError when missing or not UTF-8)."""
-    if not path.is_file():
-        raise DataError(f"{path} does not exist")
-    with path.open("rb") as stream:
+    """The lines of a UTF-8 file (.gz too), without line endings (DataError when missing or not UTF-8)."""
+    with open_binary(path) as stream:
         return list(utf8_lines(stream, str(path)))
 
 
 def clean(text: str) -> str:
     """One sentence on one line without surrounding whitespace."""
-    if "\t" in text or "\n" in text or "\r" in text:  # rare; translate is slow on 300k strings
+    if "\t" in text or "\n" in text or "\r" in text:  # rare; translate is slow on millions of strings
         text = text.translate(_FLATTEN_WS)
     return text.strip()
 
 
-# -- Tatoeba ---------------------------------------------------------------------------------------
-def _tatoeba_bytes(path: Path) -> tuple[bytes, str]:
-    """Raw bytes of fra.txt, or of the member of a zip that holds it, and a name for messages."""
-    if not path.is_file():
-        raise DataError(f"{path} does not exist; put fra-eng.zip (or fra.txt) there "
-                        f"(from {ANKI_PAGE}) or set dataset.path=<file>")
-    if not zipfile.is_zipfile(path):
-        return path.read_bytes(), str(path)
-    with zipfile.ZipFile(path) as zf:
-        names = [n for n in zf.namelist() if not n.endswith("/")]
-        member = next((n for n in names if n.endswith("fra.txt")), None)
-        if member is None:
-            texts = [n for n in names if n.endswith(".txt") and not n.endswith("_about.txt")]
-            if len(texts) != 1:
-                raise DataError(f"{path} holds no fra.txt (members: {', '.join(names) or 'none'}); "
-                                f"use the fra-eng.zip from {ANKI_PAGE}")
-            member = texts[0]
-        return zf.read(member), f"{path}:{member}"
+@dataclass
+class Skipped:
+    """Lines or rows a reader passed over (an empty side, a malformed Tatoeba line)."""
+
+    count: int = 0
 
 
-def read_tatoeba(path: Path) -> tuple[list[str], list[str], int]:
-    """English and French sentences of fra.txt (or its zip) and the count of malformed lines."""
-    data, name = _tatoeba_bytes(Path(path))
-    english: list[str] = []
-    french: list[str] = []
-    skipped = 0
-    for line in decode_utf8(data, name).split("\n"):
-        if not line.strip():
-            continue
-        parts = line.split("\t")
-        en, fr = (clean(parts[0]), clean(parts[1])) if len(parts) in (2, 3) else ("", "")
-        if not en or not fr:  # column 3, when present, is the attribution of newer releases
-            skipped += 1
-            continue
-        english.append(en)
-        french.append(fr)
-    if not english:
-        raise DataError(f"{name} holds no English<TAB>French lines ({skipped} malformed); "
-                        f"use the fra.txt from {ANKI_PAGE}")
-    return english, french, skipped
+# -- the readers -----------------------------------------------------------------------------------
+def _tatoeba_member(zf: zipfile.ZipFile, path: Path, lang: str) -> str:
+    """The zip member holding the pairs: <lang>.txt (deu.txt in deu-eng.zip), else the one .txt."""
+    names = [n for n in zf.namelist() if not n.endswith("/")]
+    texts = [n for n in names if n.endswith(".txt") and not n.endswith("_about.txt")]
+    preferred = [n for n in texts if Path(n).stem == Path(path).stem.split("-")[0]]
+    if preferred or len(texts) == 1:
+        return (preferred or texts)[0]
+    raise DataError(f"{path} holds no pairs file for {lang} (members: {', '.join(names) or 'none'}); use a "
+                    f"<lang>-eng.zip from {ANKI_PAGE}")
+
+
+def tatoeba_lines(path: Path, lang: str) -> Iterator[tuple[str, str]]:
+    """(English, other language) of a Tatoeba file (fra.txt, deu.txt ...) or the zip holding it: English
+    first, then its translation, then (in newer releases) an attribution."""
+    name = str(path)
+    with open_binary(path) as raw:
+        if zipfile.is_zipfile(raw):
+            raw.seek(0)
+            with zipfile.ZipFile(raw) as zf:
+                member = _tatoeba_member(zf, path, lang)
+                with zf.open(member) as stream:
+                    yield from _tatoeba_columns(utf8_lines(stream, f"{name}:{member}"))
+                return
+        raw.seek(0)
+        yield from _tatoeba_columns(utf8_lines(raw, name))
+
+
+def _tatoeba_columns(lines: Iterator[str]) -> Iterator[tuple[str, str]]:
+    """The two first columns; a malformed line comes out empty (then skipped and counted), a blank one not."""
+    for line in lines:
+        if line.strip():
+            parts = line.split("\t")
+            yield (parts[0], parts[1]) if len(parts) in (2, 3) else ("", "")
+
+
+def file_lines(src_path: Path, tgt_path: Path) -> Iterator[tuple[str, str]]:
+    """Aligned lines of two plain text files (.gz too); they must have as many lines."""
+    with open_binary(src_path) as src_raw, open_binary(tgt_path) as tgt_raw:
+        src, tgt = utf8_lines(src_raw, str(src_path)), utf8_lines(tgt_raw, str(tgt_path))
+        for number, (s, t) in enumerate(itertools.zip_longest(src, tgt), start=1):
+            if s is None or t is None:
+                shorter, longer = (src_path, tgt_path) if s is None else (tgt_path, src_path)
+                raise DataError(f"{shorter} has {number - 1} lines but {longer} has more; the two files must "
+                                "hold one sentence per line each, aligned")
+            yield s, t
+
+
+def tsv_lines(path: Path) -> Iterator[tuple[str, str]]:
+    """source<TAB>target lines of a TSV file (.gz too); every line has exactly the two columns."""
+    with open_binary(path) as raw:
+        for number, line in enumerate(utf8_lines(raw, str(path)), start=1):
+            parts = line.split("\t")
+            if len(parts) != 2:
+                if not line.strip():
+                    continue
+                raise DataError(f"{path}: line {number} has {len(parts)} tab-separated columns, expected 2 "
+                                "(source<TAB>target)")
+            yield parts[0], parts[1]
+
+
+def _hf_dataset(cfg: DatasetConfig) -> tuple[Any, str]:
+    """The dataset (all its splits) from local json files, a directory saved with save_to_disk, or the
+    hub; and its name for messages."""
+    import datasets  # slow to import, and only these sources need it
+
+    if cfg.hf_data_files:
+        files = hf_files(cfg)
+        loader: dict[str, Any] = {"path": "json", "data_files": {"train": [str(f) for f in files]},
+                                  "cache_dir": str(resolve_path(cfg.cache_dir) / "hf")}
+        what, load = ", ".join(map(str, files)), datasets.load_dataset
+    elif Path(cfg.hf_path or "").expanduser().is_dir():
+        loader, what = {"dataset_path": str(resolve_path(cfg.hf_path))}, str(cfg.hf_path)
+        load = datasets.load_from_disk
+    else:
+        loader, what, load = {"path": cfg.hf_path, "name": cfg.hf_name}, f"{cfg.hf_path} ({cfg.hf_name})", \
+            datasets.load_dataset
+    try:
+        found = load(**loader)
+    except Exception as e:  # noqa: BLE001 - any library failure becomes one actionable line
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        hint = ("check that the file is JSON lines in the translation schema" if cfg.hf_data_files else
+                "offline? download it once with network access (it is then read from the HF cache, also "
+                "with HF_DATASETS_OFFLINE=1), save it with save_to_disk, or set "
+                "dataset.hf_data_files=<.jsonl>")
+        raise DataError(f"could not load {what}: {type(e).__name__}: {first}; {hint}") from None
+    return found if isinstance(found, datasets.DatasetDict) else {"train": found}, what
+
+
+_HF_SPLITS = {"train": ("train",), "valid": ("validation", "valid", "dev"), "test": ("test",)}
+
+
+def hf_rows(cfg: DatasetConfig, dataset: Any, what: str, part: str) -> Iterator[tuple[str, str]]:
+    """(source, target) of one part of a Hugging Face dataset in the translation schema."""
+    split = next((s for s in _HF_SPLITS[part] if s in dataset), None)
+    if split is None:
+        return
+    ds = dataset[split]
+    if "translation" not in ds.column_names:
+        raise DataError(f"{what} has no 'translation' column (columns: {', '.join(ds.column_names)}); "
+                        f"rows must look like {HF_ROW}")
+    index = 0
+    for batch in ds.iter(batch_size=10_000):
+        for row in batch["translation"]:
+            missing = [lang for lang in (cfg.src_lang, cfg.tgt_lang)
+                       if not isinstance(row, dict) or lang not in row]
+            if missing:
+                have = ", ".join(row) if isinstance(row, dict) else type(row).__name__
+                raise DataError(f"{what}: {split} row {index} has no {'/'.join(missing)} translation (has: "
+                                f"{have}); set dataset.src_lang/tgt_lang to languages it has")
+            yield row[cfg.src_lang] or "", row[cfg.tgt_lang] or ""
+            index += 1
+
+
+def hf_files(cfg: DatasetConfig) -> list[Path]:
+    """The local json/jsonl files named by dataset.hf_data_files (a path or a glob)."""
+    pattern = str(resolve_path(cfg.hf_data_files))
+    files = [Path(pattern)] if Path(pattern).is_file() else sorted(map(Path, glob.glob(pattern)))
+    if not files:
+        raise DataError(f"dataset.hf_data_files={cfg.hf_data_files} matches no file; point it to "
+                        f"a .json/.jsonl with {HF_ROW} rows")
+    return files
 
 
 def ensure_tatoeba(cfg: DatasetConfig) -> Path:
-    """The local Tatoeba file: dataset.path if it exists, else a one-time download of url."""
-    path = resolve_path(cfg.path)
+    """The local Tatoeba file: dataset.path if it exists, else a one-time download of url (whose file name
+    must be the path's: deu-eng.zip is not fetched as fra-eng.zip)."""
+    path = resolve_path(cfg.path or "")
     if path.is_file():
         return path
-    what = f"put fra-eng.zip at {path} (from {ANKI_PAGE}) or set dataset.path=<your fra.txt or fra-eng.zip>"
+    name = Path(urlparse(cfg.url).path).name if cfg.url else ""
+    what = f"put it at {path} (from {ANKI_PAGE}) or set dataset.path=<your file>"
     if not cfg.url:
         raise DataError(f"{path} does not exist; {what}")
-    target = resolve_path(cfg.cache_dir) / (Path(urlparse(cfg.url).path).name or "fra-eng.zip")
+    if _TATOEBA_FILE.fullmatch(name) and _TATOEBA_FILE.fullmatch(path.name) and name != path.name:
+        raise DataError(f"{path} does not exist, and dataset.url={cfg.url} is another file; set "
+                        f"dataset.url={ANKI_PAGE}{path.name} to download it")
+    target = resolve_path(cfg.cache_dir) / name
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -152,112 +268,97 @@ def ensure_tatoeba(cfg: DatasetConfig) -> Path:
     return target
 
 
-# -- Opus Books ------------------------------------------------------------------------------------
-def _opus_files(cfg: DatasetConfig) -> list[Path]:
-    """The local json/jsonl files named by dataset.hf_data_files (a path or a glob)."""
-    pattern = str(resolve_path(cfg.hf_data_files))
-    files = [Path(pattern)] if Path(pattern).is_file() else sorted(map(Path, glob.glob(pattern)))
-    if not files:
-        raise DataError(f"dataset.hf_data_files={cfg.hf_data_files} matches no file; point it to "
-                        f"a .json/.jsonl with {OPUS_ROW} rows")
-    return files
-
-
-def _opus_rows(cfg: DatasetConfig, files: list[Path]) -> tuple[Any, str, str]:
-    """The `translation` column of the hub dataset or of local json, its name, and a hint for errors."""
-    import datasets  # slow to import, and only this dataset needs it
-
-    if files:
-        what = ", ".join(map(str, files))
-        hint = "check that the file is JSON lines in the opus_books schema"
-        loader: dict[str, Any] = {"path": "json", "data_files": [str(f) for f in files],
-                                  "cache_dir": str(resolve_path(cfg.cache_dir) / "hf")}
-    else:
-        what = f"{cfg.hf_path} ({cfg.hf_name})"
-        hint = ("offline? download it once with network access (it is then read from the HF cache, "
-                "also with HF_DATASETS_OFFLINE=1) or set dataset.hf_data_files=<local .jsonl>")
-        loader = {"path": cfg.hf_path, "name": cfg.hf_name}
-    try:
-        ds = datasets.load_dataset(**loader, split="train")
-    except Exception as e:  # noqa: BLE001 - any library failure becomes one actionable line
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        raise DataError(f"could not load {what}: {type(e).__name__}: {first}; {hint}") from None
-    if "translation" not in ds.column_names:
-        raise DataError(f"{what} has no 'translation' column (columns: {', '.join(ds.column_names)}); "
-                        f"rows must look like {OPUS_ROW}")
-    return ds["translation"], what, hint
-
-
-def read_opus_books(cfg: DatasetConfig, files: list[Path]) -> tuple[list[str], list[str], int]:
-    """English and French sentences of opus_books (hub, or local `files`) and the count of rows with
-    an empty side."""
-    rows, what, hint = _opus_rows(cfg, files)
-    english: list[str] = []
-    french: list[str] = []
-    skipped = 0
-    for i, row in enumerate(rows):
-        missing = [lang for lang in LANGS if not isinstance(row, dict) or lang not in row]
-        if missing:
-            have = ", ".join(row) if isinstance(row, dict) else type(row).__name__
-            raise DataError(f"{what}: row {i} has no {'/'.join(missing)} translation "
-                            f"(has: {have}); use an en-fr dataset (dataset.hf_name=en-fr)")
-        en, fr = clean(row["en"] or ""), clean(row["fr"] or "")
-        if not en or not fr:
-            skipped += 1
-            continue
-        english.append(en)
-        french.append(fr)
-    if not english:
-        raise DataError(f"{what} holds no pair with both English and French text; {hint}")
-    return english, french, skipped
-
-
 # -- the configured corpus -------------------------------------------------------------------------
 @dataclass
-class Source:
-    """Where the configured corpus is: a display name, its local files, and what the cache key hashes."""
+class Corpus:
+    """The configured corpus, located: a name for logs, its local files (their sizes and times key the
+    cache), and whether it brings its own valid and test parts (then no split is made)."""
 
+    cfg: DatasetConfig
     name: str
     files: list[Path]
+    held_out: bool = False
     fingerprint: dict[str, Any] = field(default_factory=dict)
+    hf: tuple[Any, str] | None = None  # a Hugging Face dataset, loaded once, and its name
+
+    def pairs(self, part: str = "train", skipped: Skipped | None = None) -> Iterator[tuple[str, str]]:
+        """(source, target) pairs of a part, cleaned, in the configured direction; pairs with an empty
+        side are passed over (counted in `skipped`)."""
+        skipped = skipped if skipped is not None else Skipped()
+        for s, t in self._raw(part):
+            s, t = clean(s), clean(t)
+            if s and t:
+                yield s, t
+            else:
+                skipped.count += 1
+
+    def _raw(self, part: str) -> Iterator[tuple[str, str]]:
+        cfg = self.cfg
+        if cfg.name == "tatoeba":  # English first in every Tatoeba file
+            other = cfg.tgt_lang if cfg.src_lang == "en" else cfg.src_lang
+            lines = tatoeba_lines(self.files[0], other)
+            return lines if cfg.src_lang == "en" else ((o, e) for e, o in lines)
+        if cfg.name == "parallel":
+            files = {"train": (cfg.src_path, cfg.tgt_path, cfg.path),
+                     "valid": (cfg.valid_src_path, cfg.valid_tgt_path, cfg.valid_path),
+                     "test": (cfg.test_src_path, cfg.test_tgt_path, cfg.test_path)}[part]
+            if files[0] and files[1]:
+                return file_lines(resolve_path(files[0]), resolve_path(files[1]))
+            return tsv_lines(resolve_path(files[2])) if files[2] else iter(())
+        if self.hf is None:
+            self.hf = _hf_dataset(cfg)
+        return hf_rows(cfg, *self.hf, part)
 
 
-def locate(cfg: DatasetConfig) -> Source:
-    """Find (or download) the corpus once; its files' sizes and times fingerprint the content."""
+def _check_tatoeba_language(cfg: DatasetConfig, path: Path) -> None:
+    """A Tatoeba file named for one language (deu-eng.zip, fra.txt) must be the configured pair's."""
+    found = _TATOEBA_FILE.fullmatch(path.name)
+    # any file may be called x.txt; only a known language's code names the pair (fra.txt, not two.txt)
+    have = found and (found.group(1) or (found.group(2) if found.group(2) in ISO_639_3.values() else None))
+    other = cfg.tgt_lang if cfg.src_lang == "en" else cfg.src_lang
+    code = ISO_639_3.get(other, other)
+    if have and len(code) == 3 and code != have:
+        raise DataError(f"{path.name} holds English-{have} pairs, but the config asks for {cfg.src_lang}->"
+                        f"{cfg.tgt_lang}; set dataset.path=<{code}-eng.zip from {ANKI_PAGE}> or the "
+                        "languages of this file")
+
+
+def locate(cfg: DatasetConfig) -> Corpus:
+    """Find (or download) the configured corpus once."""
     if cfg.name == "tatoeba":
         files = [ensure_tatoeba(cfg)]
+        _check_tatoeba_language(cfg, files[0])
+        held_out = False
+    elif cfg.name == "parallel":
+        named = [cfg.src_path, cfg.tgt_path, cfg.path, cfg.valid_src_path, cfg.valid_tgt_path, cfg.valid_path,
+                 cfg.test_src_path, cfg.test_tgt_path, cfg.test_path]
+        files = [resolve_path(f) for f in named if f]
+        for file in files:
+            if not file.is_file():
+                raise DataError(f"{file} does not exist; check the dataset.*path settings")
+        held_out = bool(cfg.valid_src_path or cfg.valid_path)
     elif cfg.hf_data_files:
-        files = _opus_files(cfg)
+        files, held_out = hf_files(cfg), False
     else:
-        return Source(f"{cfg.hf_path}:{cfg.hf_name}", [], {"hf_path": cfg.hf_path, "hf_name": cfg.hf_name})
+        hf = _hf_dataset(cfg)
+        held_out = any(s in hf[0] for s in _HF_SPLITS["valid"]) and "test" in hf[0]
+        local = Path(cfg.hf_path or "").expanduser()
+        files = sorted(p for p in local.rglob("*") if p.is_file()) if local.is_dir() else []
+        stats = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+        # On the hub, its name stands for its content; on disk, its files do.
+        fingerprint = {"name": cfg.name, "files": stats} if files else {"hf_path": cfg.hf_path,
+                                                                       "hf_name": cfg.hf_name}
+        return Corpus(cfg, f"{cfg.hf_path}:{cfg.hf_name}" if not files else local.name, files, held_out,
+                      fingerprint, hf)
     stats = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
-    return Source(", ".join(f.name for f in files), files, {"name": cfg.name, "files": stats})
+    return Corpus(cfg, ", ".join(f.name for f in files[:3]) + (" ..." if len(files) > 3 else ""), files,
+                  held_out, {"name": cfg.name, "files": stats})
 
 
-def read_corpus(cfg: DatasetConfig, source: Source) -> tuple[list[str], list[str], int]:
-    """(english, french, skipped) of the located corpus, logging one line about what was skipped."""
-    if cfg.name == "tatoeba":
-        english, french, skipped = read_tatoeba(source.files[0])
-    else:
-        english, french, skipped = read_opus_books(cfg, source.files)
-    if skipped:
-        log.warning("skipped %d malformed lines of %s", skipped, source.name)
-    return english, french, skipped
-
-
-def load_pairs(cfg: DatasetConfig) -> tuple[list[str], list[str]]:
-    """(english, french) sentence lists of the configured dataset."""
-    english, french, _ = read_corpus(cfg, locate(cfg))
-    return english, french
-
-
-def select_pairs(cfg: DatasetConfig, english: list[str], french: list[str]) -> tuple[list[str], list[str]]:
-    """(source, target) after the `max_pairs` sample and the direction: what split_pairs takes.
-
-    The sample is drawn uniformly (the corpus is sorted by length) and keeps corpus order.
-    """
-    if cfg.max_pairs is not None and cfg.max_pairs < len(english):
-        keep = np.sort(np.random.default_rng(cfg.split_seed).choice(len(english), size=cfg.max_pairs,
-                                                                    replace=False))
-        english, french = [english[i] for i in keep], [french[i] for i in keep]
-    return (english, french) if cfg.src_lang == "en" else (french, english)
+def load_pairs(cfg: DatasetConfig, part: str = "train") -> tuple[list[str], list[str]]:
+    """(sources, targets) of a part of the configured corpus, in memory: for small corpora and tests."""
+    skipped = Skipped()
+    pairs = list(locate(cfg).pairs(part, skipped))
+    if skipped.count:
+        log.warning("skipped %d malformed lines or pairs with an empty side", skipped.count)
+    return [s for s, _ in pairs], [t for _, t in pairs]

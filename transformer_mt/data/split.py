@@ -1,20 +1,17 @@
-"""The leak-free split into train, valid and test, and the split files a run directory keeps.
+"""The leak-free split into train, valid and test, and reading the split files a run directory keeps.
 
 Pairs that share a source or a target sentence (Tatoeba translates many sentences several ways) are
 one group, and a group lands in one split whole, so no held-out sentence was seen in training. The
-split does not depend on the direction (groups are ordered by their first pair), so en->fr and fr->en
-runs with the same seed hold out the same pairs.
+split works on one integer key per sentence (its hash), so it needs 16 bytes a pair whatever the
+corpus's size; it does not depend on the direction (groups are ordered by their first pair), so en->fr
+and fr->en runs with the same seed hold out the same pairs.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -23,57 +20,61 @@ from transformer_mt.errors import DataError
 
 log = logging.getLogger(__name__)
 SPLIT_DIR = "split"
+TRAIN, VALID, TEST = 0, 1, 2
+_CHUNK = 1 << 20
+
+
+def sentence_key(sentence: str) -> int:
+    """The key under which two sentences count as the same (a hash of the stripped text)."""
+    return hash(sentence.strip())
 
 
 @dataclass
-class Parallel:
-    """Aligned source and target sentences."""
+class Assignment:
+    """Where each pair goes: part[i] is TRAIN, VALID or TEST; orders[p] lists a part's pairs in split
+    order (its groups in the seed's order, each group's pairs in corpus order)."""
 
-    src: list[str]
-    tgt: list[str]
-
-    def __len__(self) -> int:
-        return len(self.src)
-
-
-@dataclass
-class Split:
-    """Train/valid/test pairs and how they were drawn."""
-
-    train: Parallel
-    valid: Parallel
-    test: Parallel
-    seed: int
+    part: np.ndarray
+    orders: dict[int, np.ndarray]
     valid_size: int
     test_size: int
-    source: str = ""
-    src_lang: str = "src"
-    tgt_lang: str = "tgt"
 
 
-def _components(src: Sequence[str], tgt: Sequence[str]) -> list[list[int]]:
-    """Groups of pair indices linked by a shared source or target sentence, by smallest index."""
-    parent = list(range(len(src)))
+def _roots(src_keys: np.ndarray, tgt_keys: np.ndarray) -> np.ndarray:
+    """For each pair, the first pair of its group: pairs linked by an equal source or target key."""
+    n = len(src_keys)
+    index = np.int32 if n < 2**31 else np.int64  # per-pair arrays at half the size when they can be
+    parent = np.arange(n, dtype=index)
 
     def find(i: int) -> int:
         while parent[i] != i:
             parent[i] = parent[parent[i]]  # path halving keeps the trees flat
-            i = parent[i]
+            i = int(parent[i])
         return i
 
-    for side in (src, tgt):
-        first: dict[str, int] = {}
-        for i, sentence in enumerate(side):
-            j = first.setdefault(sentence.strip(), i)
-            if j != i:
-                a, b = find(i), find(j)
+    for keys in (src_keys, tgt_keys):
+        order = np.argsort(keys, kind="stable").astype(index)  # equal keys: consecutive, in corpus order
+        ordered = keys[order]
+        starts_run = np.ones(n, dtype=bool)
+        np.not_equal(ordered[1:], ordered[:-1], out=starts_run[1:])
+        del ordered
+        run_start = np.arange(n, dtype=index)
+        run_start[~starts_run] = 0
+        np.maximum.accumulate(run_start, out=run_start)
+        repeated = np.flatnonzero(~starts_run).astype(index)  # only repeated sentences need a union
+        del starts_run
+        for lo in range(0, len(repeated), _CHUNK):  # Python ints for one chunk at a time
+            for pos in repeated[lo:lo + _CHUNK].tolist():
+                a, b = find(int(order[pos])), find(int(order[run_start[pos]]))
                 if a != b:
-                    # The smaller index becomes the root, so roots are each group's first pair.
-                    parent[max(a, b)] = min(a, b)
-    groups: dict[int, list[int]] = {}
-    for i in range(len(src)):
-        groups.setdefault(find(i), []).append(i)
-    return list(groups.values())  # insertion order = order of first pairs: no hash() involved
+                    parent[max(a, b)] = min(a, b)  # the smaller index is the root: a group's first pair
+        del order, run_start, repeated
+    roots = parent.copy()
+    while True:  # compress every path at once
+        nxt = roots[roots]
+        if np.array_equal(nxt, roots):
+            return roots
+        roots = nxt
 
 
 def _sizes(n: int, valid_size: int, test_size: int) -> tuple[int, int]:
@@ -88,62 +89,39 @@ def _sizes(n: int, valid_size: int, test_size: int) -> tuple[int, int]:
     return valid_size, test_size
 
 
-def split_pairs(src: list[str], tgt: list[str], valid_size: int, test_size: int, seed: int) -> Split:
-    """Split so that pairs sharing a source or a target sentence never straddle two splits."""
-    valid_size, test_size = _sizes(len(src), valid_size, test_size)
-    too_small = DataError(f"only {len(src)} pairs: dataset.valid_size={valid_size} + dataset.test_size="
+def assign(src_keys: np.ndarray, tgt_keys: np.ndarray, valid_size: int, test_size: int,
+           seed: int) -> Assignment:
+    """Fill valid, then test, with whole groups in the seed's random order (a group may overshoot a little);
+    the rest is train."""
+    n = len(src_keys)
+    valid_size, test_size = _sizes(n, valid_size, test_size)
+    too_small = DataError(f"only {n} pairs: dataset.valid_size={valid_size} + dataset.test_size="
                           f"{test_size} leave nothing to train on; lower them or use more data")
-    if valid_size + test_size >= len(src):
+    if valid_size + test_size >= n:
         raise too_small
-    groups = _components(src, tgt)
-    parts: dict[str, list[int]] = {"valid": [], "test": [], "train": []}
-    for g in np.random.default_rng(seed).permutation(len(groups)):
-        # Fill valid, then test, each until it reaches its size (a group may overshoot a little).
-        name = ("valid" if len(parts["valid"]) < valid_size
-                else "test" if len(parts["test"]) < test_size else "train")
-        parts[name].extend(groups[g])
-    if not parts["train"]:
+    roots = _roots(np.asarray(src_keys), np.asarray(tgt_keys))
+    firsts, group = np.unique(roots, return_inverse=True)  # groups numbered by their first pair
+    del roots
+    group = group.astype(np.int32 if n < 2**31 else np.int64)
+    sizes = np.bincount(group)
+    rank = np.empty(len(firsts), dtype=np.int64)
+    rank[np.random.default_rng(seed).permutation(len(firsts))] = np.arange(len(firsts))
+    by_rank = np.argsort(rank)
+    before = np.cumsum(sizes[by_rank]) - sizes[by_rank]  # pairs placed before each group, in rank order
+    n_valid = int(np.sum(before < valid_size))
+    valid_end = int(before[n_valid]) if n_valid < len(before) else n
+    n_test = int(np.sum((before[n_valid:] - valid_end) < test_size))
+    part_of_rank = np.full(len(firsts), TRAIN, dtype=np.int8)
+    part_of_rank[:n_valid], part_of_rank[n_valid:n_valid + n_test] = VALID, TEST
+    group_rank = rank[group].astype(group.dtype)
+    del group
+    part = part_of_rank[group_rank]
+    if not (part == TRAIN).any():
         raise too_small
-
-    def take(idx: list[int]) -> Parallel:
-        return Parallel([src[i] for i in idx], [tgt[i] for i in idx])
-
-    return Split(train=take(parts["train"]), valid=take(parts["valid"]), test=take(parts["test"]),
-                 seed=seed, valid_size=valid_size, test_size=test_size)
-
-
-def split_summary(split: Split) -> dict[str, Any]:
-    """What train_summary.json records: counts, seed, sizes, source, a hash of the train pairs."""
-    digest = hashlib.sha256()
-    for s, t in zip(split.train.src, split.train.tgt, strict=True):
-        digest.update(f"{s}\t{t}\n".encode())
-    return {
-        "source": split.source, "src_lang": split.src_lang, "tgt_lang": split.tgt_lang,
-        "seed": split.seed, "valid_size": split.valid_size, "test_size": split.test_size,
-        "counts": {"train": len(split.train), "valid": len(split.valid), "test": len(split.test)},
-        "train_sha256": digest.hexdigest(),
-    }
-
-
-def _write_tsv(path: Path, pairs: Parallel) -> None:
-    """source<TAB>target per line, UTF-8."""
-    lines = []
-    for s, t in zip(pairs.src, pairs.tgt, strict=True):
-        if any(c in s or c in t for c in "\t\r\n"):  # loaders flatten these; guard the format
-            raise ValueError(f"tab or line break inside a sentence: {s!r} / {t!r}")
-        lines.append(f"{s}\t{t}\n")
-    path.write_text("".join(lines), encoding="utf-8")
-
-
-def save_split(split: Split, run_dir: str | Path) -> Path:
-    """Write <run_dir>/split/{valid,test}.tsv and train_summary.json; return the split folder."""
-    folder = Path(run_dir) / SPLIT_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    _write_tsv(folder / "valid.tsv", split.valid)
-    _write_tsv(folder / "test.tsv", split.test)
-    summary = json.dumps(split_summary(split), indent=2, ensure_ascii=False)
-    (folder / "train_summary.json").write_text(summary + "\n", encoding="utf-8")
-    return folder
+    order = np.argsort(group_rank, kind="stable")  # by group rank, then corpus order
+    del group_rank
+    orders = {p: order[part[order] == p] for p in (TRAIN, VALID, TEST)}
+    return Assignment(part, orders, valid_size, test_size)
 
 
 def load_split_tsv(path: str | Path) -> tuple[list[str], list[str]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer_mt.config import DatasetConfig, EvaluateConfig
-from transformer_mt.data import load_pairs, load_split_tsv, read_lines, select_pairs, split_pairs
+from transformer_mt.data import held_out_pairs, load_split_tsv, read_lines
 from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.metrics import Scores, score
 from transformer_mt.runtime import atomic_write, configure_threads, select_device
@@ -42,11 +42,8 @@ def load_eval_set(cfg: EvaluateConfig, run_dir: Path,
         src, ref = load_split_tsv(saved)
         return src, ref, cfg.split
     log.info("%s not found; rebuilding the run's %s split from its config", saved, cfg.split)
-    dataset = DatasetConfig(**run_config["dataset"])
-    src, tgt = select_pairs(dataset, *load_pairs(dataset))
-    split = split_pairs(src, tgt, dataset.valid_size, dataset.test_size, dataset.split_seed)
-    part = getattr(split, cfg.split)
-    return list(part.src), list(part.tgt), cfg.split
+    pairs = held_out_pairs(DatasetConfig(**run_config["dataset"]), cfg.split)
+    return [s for s, _ in pairs], [t for _, t in pairs], cfg.split
 
 
 def evaluate(cfg: EvaluateConfig) -> float:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from transformer_mt.config import ServeConfig
+from transformer_mt.engine import load_engine
 from transformer_mt.errors import ConfigError
-from transformer_mt.translator import load_engine
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +34,20 @@ def serve(cfg: ServeConfig) -> None:
     app = create_app(engine, cfg)
 
     class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            """Ctrl-C or SIGTERM: a graceful stop, then a normal return (uvicorn's own handler raises
+            the signal again afterwards, which ends the job in a KeyboardInterrupt traceback)."""
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets=sockets)
             if self.started:  # port=0 picks a free port: report the one the socket got
@@ -46,3 +64,4 @@ def serve(cfg: ServeConfig) -> None:
                           "pick another port= or host=") from ex
     if not server.started:
         raise ConfigError(f"cannot listen on {cfg.host}:{cfg.port}; pick another port= or host=")
+    print("server stopped", flush=True)

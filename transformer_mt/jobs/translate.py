@@ -16,10 +16,11 @@ from typing import TextIO
 
 from transformer_mt.config import TranslateConfig
 from transformer_mt.data import utf8_lines
+from transformer_mt.engine import load_engine
 from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.runtime import atomic_write
 from transformer_mt.search import alignment
-from transformer_mt.translator import TextTranslator, Translation, load_engine
+from transformer_mt.translator import TextTranslator, Translation
 
 log = logging.getLogger(__name__)
 CHUNK_LINES = 2000  # lines translated together: big enough to batch well, small enough to stream

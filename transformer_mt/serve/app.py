@@ -28,10 +28,10 @@ from starlette.exceptions import HTTPException
 
 from transformer_mt.config import ServeConfig
 from transformer_mt.serve.batcher import Batcher, QueueFull, Search
+from transformer_mt.tokenizer import EOS
 from transformer_mt.translator import TextTranslator, Translation
 
 log = logging.getLogger(__name__)
-EOS = "</s>"
 LATENCY_WINDOW = 10_000  # latest /translate latencies kept for the percentiles
 
 

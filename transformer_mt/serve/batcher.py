@@ -14,7 +14,7 @@ import collections
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from transformer_mt.config import BatchingConfig
@@ -40,7 +40,6 @@ class Job:
     search: Search
     future: asyncio.Future[list[list[Translation]]]
     loop: asyncio.AbstractEventLoop
-    enqueued: float = field(default_factory=time.perf_counter)
 
 
 class QueueFull(Exception):
@@ -93,7 +92,14 @@ class Batcher:
             self._jobs.append(job)
             self._waiting += len(texts)
             self._cond.notify()
-        return await job.future
+        try:
+            return await job.future
+        except asyncio.CancelledError:  # timed out or the client went away: free its place at once
+            with self._cond:
+                if job in self._jobs:
+                    self._jobs.remove(job)
+                    self._waiting -= len(texts)
+            raise
 
     def _retry_after(self) -> int:
         """Seconds until the waiting sentences are likely decoded, from the throughput so far."""

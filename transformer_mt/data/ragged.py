@@ -1,0 +1,70 @@
+"""Token ids of many sentences in one flat array: the container of every encoded split.
+
+The flat array may be memory-mapped from a cache file: selecting, reordering and cutting sequences
+only changes the start and end arrays, never the ids, so a training split larger than memory is used
+in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Ragged:
+    """Variable-length id sequences: slices [starts[i], ends[i]) of one flat int32 array, which may be
+    memory-mapped. Selecting, reordering and cutting sequences only changes starts and ends.
+
+    Indexing with an int gives that sequence (a read-only int32 view), with a slice a Ragged.
+    """
+
+    flat: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+
+    @classmethod
+    def from_offsets(cls, flat: np.ndarray, offsets: np.ndarray) -> Ragged:
+        """Sequences laid end to end: sequence i is flat[offsets[i]:offsets[i + 1]]."""
+        return cls(flat, offsets[:-1], offsets[1:])
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i: int | slice) -> np.ndarray | Ragged:
+        if isinstance(i, slice):
+            return Ragged(self.flat, self.starts[i], self.ends[i])
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"index {i} out of range for {len(self)} sequences")
+        return self.flat[self.starts[i]:self.ends[i]]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for a, b in zip(self.starts.tolist(), self.ends.tolist(), strict=True):
+            yield self.flat[a:b]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Length of every sequence (int64)."""
+        return (self.ends - self.starts).astype(np.int64)
+
+    def take(self, rows: Sequence[int] | np.ndarray) -> Ragged:
+        """The sequences at rows, in that order (no ids are copied)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return Ragged(self.flat, self.starts[rows], self.ends[rows])
+
+    def truncate(self, max_len: int) -> Ragged:
+        """Every sequence cut to at most max_len ids."""
+        return Ragged(self.flat, self.starts, np.minimum(self.ends, self.starts + max_len))
+
+    def tolist(self) -> list[list[int]]:
+        """Plain Python lists."""
+        return [a.tolist() for a in self]
+
+    def compact(self) -> tuple[np.ndarray, np.ndarray]:
+        """(flat, offsets) holding just these sequences, end to end."""
+        offsets = np.zeros(len(self) + 1, dtype=np.int64)
+        np.cumsum(self.lengths, out=offsets[1:])
+        index = np.arange(offsets[-1], dtype=np.int64) + np.repeat(self.starts - offsets[:-1], self.lengths)
+        return np.asarray(self.flat[index], dtype=np.int32), offsets
