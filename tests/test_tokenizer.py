@@ -211,7 +211,7 @@ def test_any_text_encodes_and_decodes(vocabs: dict[str, Vocabulary], text: str) 
 
 def test_unigram_splits_unseen_words_into_pieces(vocabs: dict[str, Vocabulary]) -> None:
     vocab = vocabs["unigram"]
-    text = "Readings gardened"  # neither word was seen whole
+    text = "readings gardened"  # neither word was seen whole, every letter was ("R" never was)
     ids = vocab.encode_src([text])[0]
     assert UNK_ID not in ids and len(ids) > 2
     assert vocab.decode_src([ids]) == [text]
