@@ -8,6 +8,7 @@ import pytest
 
 import transformer_mt as tmt
 from tests.conftest import run_cli, tiny_overrides
+from transformer_mt.data import load_split_tsv
 from transformer_mt.errors import ConfigError
 from transformer_mt.translator import Translator
 
@@ -47,16 +48,27 @@ def test_prefix_in_the_python_api(tiny_run: Path) -> None:
 
 
 def test_an_ensemble_of_checkpoints(tiny_run: Path, tmp_path: Path) -> None:
-    best, first = tiny_run / "best.pt", tiny_run / "epoch_001.pt"
-    single = Translator.from_checkpoint(best, device="cpu")
-    twice = Translator.from_checkpoint(f"{best},{best}", device="cpu")
+    # The tiny models mostly stop at once; a prefix gives the comparisons words to continue.
+    first, second = tiny_run / "epoch_001.pt", tiny_run / "epoch_002.pt"
+    single = Translator.from_checkpoint(second, device="cpu")
+    twice = Translator.from_checkpoint(f"{second},{second}", device="cpu")
     assert len(twice.info["ensemble"]) == 2
-    assert twice.translate(SENTENCES, beam_size=4) == single.translate(SENTENCES, beam_size=4)
-    bleu = tmt.evaluate([f"checkpoint={best},{first}", "device=cpu", "decoding.beam_size=2",
+    for prefixes in (None, ["Il", "Je", "Où"]):  # two identical models are the model alone
+        alone = single.translate_nbest(SENTENCES, beam_size=4, prefixes=prefixes)
+        together = twice.translate_nbest(SENTENCES, beam_size=4, prefixes=prefixes)
+        assert [n[0].text for n in together] == [n[0].text for n in alone]
+        assert [n[0].score for n in together] == pytest.approx([n[0].score for n in alone], abs=1e-4)
+    pair = Translator.from_checkpoint(f"{first},{second}", device="cpu")
+    bleu = tmt.evaluate([f"checkpoint={first},{second}", "device=cpu", "decoding.beam_size=2",
                          f"output_dir={tmp_path}"])
-    assert bleu >= 0 and (tmp_path / "test.ensemble2.beam2.json").is_file()
-    out = run_cli("translate", f"checkpoint={best},{first}", "text=I am cold.")
-    assert out.returncode == 0 and out.stdout.strip(), out.stderr
+    sources, _ = load_split_tsv(tiny_run / "split" / "test.tsv")
+    hyps = (tmp_path / "test.ensemble2.beam2.hyp.txt").read_text(encoding="utf-8").splitlines()
+    assert bleu >= 0 and hyps == pair.translate(sources, beam_size=2)
+    out = run_cli("translate", f"checkpoint={first},{second}", "decoding.prefix=Je", "scores=true",
+                  "text=I am cold.")
+    assert out.returncode == 0, out.stderr
+    best = pair.translate_nbest(["I am cold."], prefixes=["Je"])[0][0]
+    assert out.stdout == f"{best.score:.4f}\t{best.text}\n" and best.text.startswith("Je")
 
 
 def test_an_ensemble_needs_one_vocabulary(tiny_run: Path, unigram_run: Path) -> None:

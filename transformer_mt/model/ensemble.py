@@ -1,8 +1,9 @@
 """Several trained models decoding as one: the searches see the `Transformer` decoding interface.
 
 At every step each model runs its own decoder with its own key/value cache, and the ensemble's
-log-probabilities are the log of the models' averaged probabilities (fairseq's rule); the searches
-renormalise nothing further. The models must share the vocabularies (the caller checks).
+log-probabilities are the log of the models' averaged probabilities (fairseq's rule); the searches'
+log-softmax leaves them as they are (up to rounding). An ensemble of one passes its model's logits on.
+The models must share the vocabularies (the caller checks).
 """
 
 from __future__ import annotations
@@ -74,7 +75,12 @@ class Ensemble(nn.Module):
                cache: EnsembleCache | None = None,
                need_attention: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """log of the mean of the models' probabilities (B, T, V) [, their mean cross-attention when the
-        models have the same layers and heads, else the first model's]."""
+        models have the same layers and heads, else the first model's]. One model: its own output, so
+        that the searches' log-softmax rounds exactly as for the model alone."""
+        if len(self.models) == 1:
+            own_cache = cache.caches[0] if cache is not None else None
+            return self.models[0].decode(tgt, memory.parts[0], src_pad_mask, own_cache,
+                                         need_attention=need_attention)
         caches = cache.caches if cache is not None else [None] * len(self.models)
         log_probs, attention = [], []
         for model, mem, c in zip(self.models, memory.parts, caches):
