@@ -319,3 +319,88 @@ def test_invalid_arguments() -> None:
         beam_search(m, src, bos_id=BOS, eos_id=EOS, beam_size=2, n_best=3)
     with pytest.raises(ValueError):
         sample(m, src, bos_id=BOS, eos_id=EOS, temperature=0.0)
+
+
+# -- prefix (forced) decoding -------------------------------------------------------------------------
+PREFIXES = [[5, 9], [], [7], [11, 12, 13]]
+
+
+def test_outputs_start_with_their_prefix(model: Transformer) -> None:
+    src = source_batch(LENGTHS)
+    for result in (greedy_search(model, src, bos_id=BOS, eos_id=EOS, prefixes=PREFIXES),
+                   greedy_search(model, src, bos_id=BOS, eos_id=EOS, prefixes=PREFIXES, use_cache=False),
+                   beam_search(model, src, bos_id=BOS, eos_id=EOS, beam_size=4, n_best=3, prefixes=PREFIXES),
+                   sample(model, src, bos_id=BOS, eos_id=EOS, prefixes=PREFIXES,
+                          generator=torch.Generator().manual_seed(0))):
+        for hyps, prefix in zip(result, PREFIXES, strict=True):
+            for h in hyps:
+                assert h.tokens[: len(prefix)] == prefix
+
+
+def test_empty_prefixes_equal_no_prefix_and_beam_one_equals_greedy(model: Transformer) -> None:
+    src = source_batch(LENGTHS)
+    plain = greedy_search(model, src, bos_id=BOS, eos_id=EOS)
+    assert tokens(greedy_search(model, src, bos_id=BOS, eos_id=EOS, prefixes=[[]] * 4)) == tokens(plain)
+    greedy = greedy_search(model, src, bos_id=BOS, eos_id=EOS, prefixes=PREFIXES)
+    beam1 = beam_search(model, src, bos_id=BOS, eos_id=EOS, beam_size=1, length_penalty=0.0,
+                        prefixes=PREFIXES)
+    assert tokens(beam1) == tokens(greedy)
+    for g, b in zip(greedy, beam1, strict=True):
+        assert g[0].score == pytest.approx(b[0].score, abs=1e-9)
+
+
+def test_prefix_scores_are_the_model_log_probs(model: Transformer) -> None:
+    """A forced token costs what the model gives it: the score of the prefixed output equals teacher
+    forcing of the whole output."""
+    src = source_batch(LENGTHS[:1])
+    hyp = greedy_search(model, src, bos_id=BOS, eos_id=EOS, prefixes=[[5, 9]])[0][0]
+    out = torch.tensor([[BOS, *hyp.tokens]])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(src, out).double(), dim=-1)[0]
+    target = [*hyp.tokens, EOS]
+    assert hyp.score == pytest.approx(sum(float(logp[i, t]) for i, t in enumerate(target)), abs=1e-4)
+
+
+def test_a_prefix_longer_than_the_length_limit_is_still_forced(model: Transformer) -> None:
+    src = source_batch([2])
+    long = list(range(3, 20))
+    hyp = greedy_search(model, src, bos_id=BOS, eos_id=EOS, max_len_a=0.0, max_len_b=2, prefixes=[long])[0][0]
+    assert hyp.tokens == long  # the limit grows to the prefix, then eos is forced
+
+
+# -- ensembles ------------------------------------------------------------------------------------------
+def test_an_ensemble_of_one_equals_the_model(model: Transformer) -> None:
+    from transformer_mt.model import Ensemble
+
+    src = source_batch(LENGTHS)
+    ensemble = Ensemble([model]).eval()
+    for search in (lambda m: greedy_search(m, src, bos_id=BOS, eos_id=EOS),
+                   lambda m: beam_search(m, src, bos_id=BOS, eos_id=EOS, beam_size=3, n_best=2)):
+        alone, together = search(model), search(ensemble)
+        assert [[h.tokens for h in n] for n in alone] == [[h.tokens for h in n] for n in together]
+        for a, b in zip(alone, together, strict=True):
+            assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-9)
+
+
+def test_an_ensemble_averages_the_models_probabilities(model: Transformer) -> None:
+    from transformer_mt.model import Ensemble
+
+    other = random_model(seed=5)
+    src = source_batch(LENGTHS)
+    tgt = torch.tensor([[BOS, 5, 6, 7]] * len(LENGTHS))
+    twins = Ensemble([model, model]).eval()
+    pair = Ensemble([model, other]).eval()
+    with torch.no_grad():
+        memory, src_pad = twins.encode(src)
+        alone = torch.log_softmax(model(src, tgt).float(), dim=-1)
+        assert torch.allclose(twins.decode(tgt, memory, src_pad), alone, atol=1e-6)
+        memory, src_pad = pair.encode(src)
+        expected = torch.log((alone.exp() + torch.softmax(other(src, tgt).float(), dim=-1)) / 2)
+        assert torch.allclose(pair.decode(tgt, memory, src_pad), expected, atol=1e-6)
+        # cached step by step equals the full decode, for the pair too
+        cache = pair.new_cache()
+        steps = [pair.decode(tgt[:, t:t + 1], memory, src_pad, cache) for t in range(tgt.size(1))]
+        assert torch.allclose(torch.cat(steps, dim=1), expected, atol=1e-5)
+    for result in (greedy_search(pair, src, bos_id=BOS, eos_id=EOS),
+                   beam_search(pair, src, bos_id=BOS, eos_id=EOS, beam_size=3, return_attention=True)):
+        assert len(result) == len(LENGTHS) and all(hyps for hyps in result)

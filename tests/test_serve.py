@@ -90,6 +90,27 @@ def test_attention_head_average_is_the_searched_alignment(client: TestClient, en
     assert torch.allclose(view, alignment(best.attention), atol=1e-3)
 
 
+def test_prefixes_equal_the_translator(client: TestClient, engine: Translator) -> None:
+    prefixes = ["Il", "", "Où", "", "Tom"]
+    r = client.post("/translate", json={"text": SENTENCES, "prefix": prefixes, "beam_size": 3})
+    assert r.status_code == 200, r.text
+    expected = engine.translate(SENTENCES, beam_size=3, prefixes=prefixes)
+    assert r.json() == {"translations": expected}
+    assert expected[0].startswith("Il") and expected[2].startswith("Où") and expected[4].startswith("Tom")
+    one = client.post("/translate", json={"text": SENTENCES[1], "prefix": "Je"}).json()
+    assert one["translations"] == [engine.translate(SENTENCES[1], prefixes="Je")]
+
+
+def test_an_ensemble_is_served(tiny_run: Path) -> None:
+    members = f"{tiny_run / 'epoch_001.pt'},{tiny_run / 'epoch_002.pt'}"
+    cfg = serve_config(Path(members))
+    pair = Translator.from_checkpoint(members, device="cpu", decoding=cfg.decoding, amp="off")
+    with TestClient(create_app(pair, cfg)) as c:
+        assert c.get("/health").json()["model"] == members.split(",")
+        body = c.post("/translate", json={"text": SENTENCES[:3], "prefix": ["Il", "Je", ""]}).json()
+        assert body["translations"] == pair.translate(SENTENCES[:3], prefixes=["Il", "Je", ""])
+
+
 def test_health_metrics_page_and_schema(client: TestClient, engine: Translator) -> None:
     health = client.get("/health").json()
     assert health["status"] == "ok" and health["engine"] == "pytorch"
@@ -119,6 +140,10 @@ def test_a_ctranslate2_export_is_served_the_same_way(tiny_run: Path, tmp_path: P
         assert body["translations"] == engine.translate(SENTENCES[:3])
         assert len(body["attention"][0]["weights"]) == 1  # CTranslate2 gives the last layer's average
         assert c.get("/health").json()["engine"] == "ctranslate2"
+        r = c.post("/translate", json={"text": SENTENCES[:2], "prefix": ["Il", ""]})
+        assert r.status_code == 422 and "engine=pytorch" in r.json()["error"]
+        assert c.post("/translate", json={"text": SENTENCES[:2]}).json()["translations"] == \
+            engine.translate(SENTENCES[:2])  # the worker goes on
 
 
 # -- bad input ---------------------------------------------------------------------------------------
@@ -138,6 +163,9 @@ BAD = [
     (b'{"text": ["a"], "beam_size": true}', 422, "beam_size"),
     (b'{"text": ["a"], "beam_size": 2, "n_best": 3}', 422, "n_best"),
     (b'{"text": ["a"], "colour": "red"}', 422, "colour"),
+    (b'{"text": ["a", "b"], "prefix": ["x"]}', 422, "prefix has 1 items for 2 texts"),
+    (b'{"text": ["a"], "prefix": [5]}', 422, "prefix"),
+    (json.dumps({"text": ["a"], "prefix": ["a" * 201]}).encode(), 413, "prefix[0]"),
 ]
 
 
@@ -170,6 +198,7 @@ class RecordingEngine(TextTranslator):
     def __init__(self, hold: threading.Event | None = None, fail_on: str | None = None) -> None:
         self.decoding = DecodingConfig()
         self.batches: list[tuple[list[str], int | None]] = []
+        self.prefixes: list[object] = []  # each batch's prefixes= argument
         self.hold, self.fail_on = hold, fail_on
         self.info = {}
 
@@ -178,21 +207,23 @@ class RecordingEngine(TextTranslator):
         if self.hold is not None:
             self.hold.wait(10)
         self.batches.append((list(sentences), options.get("beam_size")))  # type: ignore[arg-type]
+        self.prefixes.append(options.get("prefixes"))
         if self.fail_on in sentences:
             raise RuntimeError("a bad batch")
-        return [[Translation(s.upper(), -1.0)] for s in sentences]
+        starts = options.get("prefixes") or [""] * len(sentences)
+        return [[Translation(p + s.upper(), -1.0)] for s, p in zip(sentences, starts)]  # type: ignore[arg-type]
 
 
-async def _gather(batcher: Batcher, requests: list[tuple[list[str], Search]],
-                  release: threading.Event | None) -> list:
-    tasks = [asyncio.ensure_future(batcher.translate(texts, search)) for texts, search in requests]
+async def _gather(batcher: Batcher, requests: list[tuple], release: threading.Event | None) -> list:
+    """Each request: (texts, search) or (texts, search, prefixes)."""
+    tasks = [asyncio.ensure_future(batcher.translate(*request)) for request in requests]
     await asyncio.sleep(0.05)  # all queued while the worker is held
     if release is not None:
         release.set()
     return await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _run(engine: RecordingEngine, cfg: BatchingConfig, requests: list[tuple[list[str], Search]],
+def _run(engine: RecordingEngine, cfg: BatchingConfig, requests: list[tuple],
          release: threading.Event | None = None) -> list:
     batcher = Batcher(engine, cfg)
     batcher.start()
@@ -223,6 +254,20 @@ def test_batches_respect_max_sentences_and_never_mix_searches() -> None:
     for texts, beam in engine.batches:
         assert len(texts) <= 2
         assert {t[0] for t in texts} == ({"b"} if beam == 3 else {"g"})
+
+
+def test_prefixed_requests_batch_with_each_other_and_keep_their_prefixes() -> None:
+    hold = threading.Event()
+    engine = RecordingEngine(hold)
+    requests = [([f"p{i} a", f"p{i} b"], Search(), [f"{i}:", ""]) for i in range(3)]
+    requests += [([f"n{i}"], Search()) for i in range(3)]
+    answers = _run(engine, BatchingConfig(window_ms=20, max_sentences=64), requests, hold)
+    for (texts, _, *given), nbests in zip(requests, answers):
+        starts = given[0] if given else [""] * len(texts)
+        assert [n[0].text for n in nbests] == [p + t.upper() for t, p in zip(texts, starts)]
+    for (texts, _), prefixes in zip(engine.batches, engine.prefixes):
+        assert (prefixes is None) == all(t.startswith("n") for t in texts)  # never mixed
+        assert prefixes is None or len(prefixes) == len(texts)
 
 
 def test_batching_off_decodes_each_request_alone() -> None:

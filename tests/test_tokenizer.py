@@ -35,6 +35,7 @@ TRICKY = [
     "<eos> and <pad> are just text",
 ]
 
+KINDS = ["bpe", "unigram", "wordlevel", "char"]
 ENGLISH = [
     "I have a cat.", "Where is the station?", "It's summer again!", "We're going home.",
     "She reads a book in the garden.", "The weather is nice today.", "Do you speak French?",
@@ -49,7 +50,7 @@ FRENCH = [
 def vocabs() -> dict[str, Vocabulary]:
     """One joint vocabulary per kind, trained on a corpus that holds every tricky string."""
     out = {}
-    for kind in ("bpe", "wordlevel", "char"):
+    for kind in KINDS:
         cfg = TokenizerConfig(kind=kind, vocab_size=400, min_frequency=1)
         out[kind] = train_tokenizers(cfg, ENGLISH + TRICKY, FRENCH + TRICKY)
     return out
@@ -62,7 +63,7 @@ def test_special_ids_are_fixed(vocabs: dict[str, Vocabulary]) -> None:
             assert [tok.token_to_id(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("kind", ["bpe", "wordlevel", "char"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_round_trip_is_exact(vocabs: dict[str, Vocabulary], kind: str) -> None:
     vocab = vocabs[kind]
     ids = vocab.encode_src(TRICKY)
@@ -71,7 +72,7 @@ def test_round_trip_is_exact(vocabs: dict[str, Vocabulary], kind: str) -> None:
     assert vocab.decode_tgt(vocab.encode_tgt(TRICKY)) == TRICKY
 
 
-@pytest.mark.parametrize("kind", ["bpe", "wordlevel", "char"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_no_bos_eos_added_and_specials_are_plain_text(vocabs: dict[str, Vocabulary],
                                                       kind: str) -> None:
     vocab = vocabs[kind]
@@ -129,7 +130,7 @@ def test_min_frequency_prunes_rare_words() -> None:
     assert common.src.token_to_id("▁cat") is not None
 
 
-@pytest.mark.parametrize("kind", ["bpe", "wordlevel", "char"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_vocab_too_small_is_a_config_error(kind: str) -> None:
     minimum = min_vocab_size(kind)
     expected = f"tokenizer.vocab_size={minimum - 1} is out of range; it must be >= {minimum}"
@@ -156,7 +157,7 @@ def test_nfc_normalisation() -> None:
     assert vocab.encode_src([decomposed]) == vocab.encode_src(["été"])
 
 
-@pytest.mark.parametrize("kind", ["bpe", "wordlevel", "char"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_joint_serialisation_round_trip(vocabs: dict[str, Vocabulary], kind: str, tmp_path) -> None:
     vocab = vocabs[kind]
     expected = vocab.encode_src(TRICKY)
@@ -206,3 +207,11 @@ def test_any_text_encodes_and_decodes(vocabs: dict[str, Vocabulary], text: str) 
         vocab.src_tokens(text, add_eos=True)
         if kind == "bpe":  # byte-level BPE is lossless up to NFC
             assert decoded == unicodedata.normalize("NFC", text)
+
+
+def test_unigram_splits_unseen_words_into_pieces(vocabs: dict[str, Vocabulary]) -> None:
+    vocab = vocabs["unigram"]
+    text = "readings gardened"  # neither word was seen whole, every letter was ("R" never was)
+    ids = vocab.encode_src([text])[0]
+    assert UNK_ID not in ids and len(ids) > 2
+    assert vocab.decode_src([ids]) == [text]

@@ -18,7 +18,14 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from transformer_mt.composition import MULTIRUN_FLAGS, precheck, register, split_flags, with_resumed_overrides
+from transformer_mt.composition import (
+    MULTIRUN_FLAGS,
+    ensemble_checkpoints,
+    precheck,
+    register,
+    split_flags,
+    with_resumed_overrides,
+)
 from transformer_mt.config import CONFIG_DIR, SCHEMAS, to_dataclass, validate
 from transformer_mt.errors import UserError
 
@@ -151,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     extras = Extras()
     if command == "translate":
         rest = _take_verbatim_text(rest, extras)
+    rest = ensemble_checkpoints(command, rest)
     try:
         world = _torchrun_world(command, rest)
         if command == "train":

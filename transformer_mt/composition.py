@@ -120,8 +120,28 @@ def compose_hydra(command: str, overrides: Sequence[str], job_num: int | None = 
 
 def compose(command: str, overrides: Sequence[str] = ()) -> Any:
     """The typed, validated config of `transformer-mt <command> <overrides>` (ConfigError if wrong)."""
+    overrides = ensemble_checkpoints(command, overrides)
     check_renamed(overrides)
     return _checked(command, overrides, None)[1]
+
+
+# Commands whose `checkpoint=a.pt,b.pt` is an ensemble (decoding) rather than Hydra's sweep over files.
+ENSEMBLE_COMMANDS = ("evaluate", "translate", "serve")
+
+
+def ensemble_checkpoints(command: str, overrides: Sequence[str]) -> list[str]:
+    """`checkpoint=a.pt,b.pt` quoted into one value, which decoding reads as an ensemble: Hydra would
+    take the commas for a sweep (and refuse it without -m). A sweep over checkpoints stays possible with
+    `checkpoint=choice(a.pt,b.pt)`; values already quoted or holding quotes are left as they are."""
+    if command not in ENSEMBLE_COMMANDS:
+        return list(overrides)
+    out = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key == "checkpoint" and "," in value and not re.search(r"['\"()\[\]]", value):
+            override = f"checkpoint='{value}'"
+        out.append(override)
+    return out
 
 
 def with_resumed_overrides(overrides: Sequence[str]) -> tuple[list[str], tuple[Path, dict[str, Any]] | None]:

@@ -84,7 +84,7 @@ class TokenizerConfig(Section):
     """Subword model trained on the training split only; saved as JSON with the run."""
 
     KEY: ClassVar[str] = "tokenizer"
-    kind: str = "bpe"  # bpe (byte-level) | wordlevel | char
+    kind: str = "bpe"  # bpe (byte-level) | unigram (SentencePiece-style) | wordlevel | char
     vocab_size: int = 8000
     joint: bool = True  # one vocabulary for both languages (required for tied embeddings)
     min_frequency: int = 2
@@ -195,6 +195,7 @@ class DecodingConfig(SearchConfig):
     """The search plus what only `evaluate` and `translate` offer: n-best lists and sampling."""
 
     n_best: int = 1
+    prefix: str | None = None  # every translation starts with this text (forced decoding)
     sampling: bool = False
     temperature: float = 1.0
     top_k: int = 0
@@ -258,6 +259,7 @@ class TranslateConfig(EngineConfig):
     output: str | None = None  # null = stdout
     scores: bool = False  # print the score before each translation
     attention_png: str | None = None  # write a cross-attention heatmap of the first sentence
+    input_format: str = "text"  # text: one sentence a line | tsv: source<TAB>prefix (forced start)
 
 
 @dataclass

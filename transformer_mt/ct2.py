@@ -325,9 +325,11 @@ class CT2Translator(TextTranslator):
         return {i: (res, request["length_penalty"]) for i, res in zip(order, found)}
 
     def translate_nbest(self, sentences: list[str], return_attention: bool = False,
-                        **options: Any) -> list[list[Translation]]:
+                        prefixes: list[str] | None = None, **options: Any) -> list[list[Translation]]:
         """n-best translations per sentence (best first); empty input gives one empty translation."""
         decoding = self._options(**options)
+        if self.prefix_ids(sentences, prefixes, decoding):
+            raise ConfigError("prefix decoding runs on engine=pytorch; drop decoding.prefix or the prefixes")
         ids = self.encode(sentences)
         results: list[list[Translation]] = [[Translation("", 0.0)] for _ in sentences]
         # Source tokens as the encoder sees them (for attention widths and re-scoring).

@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # types only: the schemas import this module
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "dataset.name": ("tatoeba", "parallel", "hf", "opus_books"),
-    "tokenizer.kind": ("bpe", "wordlevel", "char"),
+    "tokenizer.kind": ("bpe", "unigram", "wordlevel", "char"),
     "model.activation": ("relu", "gelu"),
     "model.positional": ("sinusoidal", "learned"),
     "device.name": ("auto", "cpu", "cuda", "mps"),
@@ -38,6 +38,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "training.best_metric": ("bleu", "chrf", "loss", "cer", "wer"),
     "split": ("test", "valid"),
     "engine": ("pytorch", "ctranslate2"),
+    "input_format": ("text", "tsv"),
     "format": ("ctranslate2",),
     "quantization": ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
                      "bfloat16", "float32"),

@@ -15,7 +15,7 @@ Two rules are shared with the CTranslate2 engine (`transformer_mt.ct2`) and live
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -64,23 +64,53 @@ class Ends:
     max_len_a: float
     max_len_b: int
 
-    def limits(self, model: Transformer, src: Tensor) -> list[int]:
-        """Each sentence's `max_output_length`."""
+    def limits(self, model: Transformer, src: Tensor, forced: Tensor | None = None) -> list[int]:
+        """Each sentence's `max_output_length`, and never shorter than its forced prefix."""
         lengths = (src != model.pad_id).sum(dim=1).tolist()
-        return [max_output_length(n, self.max_len_a, self.max_len_b, model.config.max_positions)
-                for n in lengths]
+        limits = [max_output_length(n, self.max_len_a, self.max_len_b, model.config.max_positions)
+                  for n in lengths]
+        if forced is not None:
+            limits = [max(m, p) for m, p in zip(limits, (forced >= 0).sum(dim=1).tolist())]
+        return limits
 
 
-def _step_log_probs(logits: Tensor, ends: Ends, pad_id: int, at_max: Tensor) -> Tensor:
-    """Last-position logits (N, V) → float log-probs: pad and bos impossible, eos forced where at_max."""
+def forced_tokens(prefixes: Sequence[Sequence[int]] | None, batch: int,
+                  device: torch.device) -> Tensor | None:
+    """(batch, longest prefix) ids each sentence's output must start with, -1 past its own prefix; None
+    when no sentence has a prefix."""
+    if not prefixes or not any(prefixes):
+        return None
+    if len(prefixes) != batch:
+        raise ValueError(f"{len(prefixes)} prefixes for {batch} sentences")
+    out = torch.full((batch, max(map(len, prefixes))), -1, dtype=torch.long)
+    for i, p in enumerate(prefixes):
+        out[i, : len(p)] = torch.tensor(list(p), dtype=torch.long)
+    return out.to(device)
+
+
+def _only(logp: Tensor, tokens: Tensor, rows: Tensor) -> Tensor:
+    """logp where `rows` may produce only their `tokens` (N,), at the model's own log-prob."""
+    if not bool(rows.any()):
+        return logp
+    out = logp.masked_fill(rows[:, None], float("-inf"))
+    return out.scatter_(1, tokens[:, None], logp.gather(1, tokens[:, None]))
+
+
+def _step_log_probs(logits: Tensor, ends: Ends, pad_id: int, at_max: Tensor,
+                    forced: Tensor | None = None) -> Tensor:
+    """Last-position logits (N, V) → float log-probs: pad and bos impossible, the prefix token forced
+    where `forced` (N,) holds one (not -1), eos forced where at_max."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     for banned in {pad_id, ends.bos_id} - {ends.eos_id}:
         logp[:, banned] = float("-inf")
-    if bool(at_max.any()):  # those rows may only produce eos (its log-prob is kept as is)
-        eos_logp = logp[:, ends.eos_id].clone()
-        logp.masked_fill_(at_max[:, None], float("-inf"))
-        logp[:, ends.eos_id] = torch.where(at_max, eos_logp, logp[:, ends.eos_id])
-    return logp
+    if forced is not None:
+        logp = _only(logp, forced.clamp(min=0), forced >= 0)
+    return _only(logp, torch.full_like(at_max, ends.eos_id, dtype=torch.long), at_max)
+
+
+def _forced_at(forced: Tensor | None, rows: Tensor, t: int) -> Tensor | None:
+    """The prefix tokens of step t for the given sentence rows, or None past every prefix."""
+    return forced[rows, t] if forced is not None and t < forced.size(1) else None
 
 
 def _src_attention(attn: Tensor, src_pad: Tensor) -> Tensor:
@@ -101,12 +131,14 @@ def _decode_step(model: Transformer, tokens: Tensor, memory: Tensor, src_pad: Te
 # -- greedy search and sampling: one hypothesis per sentence, left to right ----------------------
 @torch.inference_mode()
 def _left_to_right(model: Transformer, src: Tensor, choose: Callable[[Tensor], Tensor], ends: Ends,
-                   use_cache: bool, return_attention: bool) -> list[list[Hypothesis]]:
-    """The loop greedy search and sampling share. `choose` maps log-probs (N, V) to next tokens (N,).
-    Finished sentences leave the batch (and the cache), so later steps pay only for live ones."""
+                   use_cache: bool, return_attention: bool,
+                   forced: Tensor | None = None) -> list[list[Hypothesis]]:
+    """The loop greedy search and sampling share. `choose` maps log-probs (N, V) to next tokens (N,);
+    `forced` (B, P) holds each sentence's prefix (-1 padded). Finished sentences leave the batch (and
+    the cache), so later steps pay only for live ones."""
     B = src.size(0)
     memory, src_pad = model.encode(src)
-    max_len = torch.tensor(ends.limits(model, src), device=src.device)  # (B,)
+    max_len = torch.tensor(ends.limits(model, src, forced), device=src.device)  # (B,)
     cache = model.new_cache() if use_cache else None
     alive = torch.arange(B, device=src.device)  # original index of each live row
     prefix = torch.full((B, 1), ends.bos_id, dtype=torch.long, device=src.device)  # (N, 1 + t)
@@ -118,7 +150,7 @@ def _left_to_right(model: Transformer, src: Tensor, choose: Callable[[Tensor], T
     while alive.numel() > 0:
         logits, attn = _decode_step(model, prefix[:, -1:] if use_cache else prefix, memory, src_pad, cache,
                                     return_attention)
-        logp = _step_log_probs(logits, ends, model.pad_id, t >= max_len)  # (N, V)
+        logp = _step_log_probs(logits, ends, model.pad_id, t >= max_len, _forced_at(forced, alive, t))
         nxt = choose(logp)  # (N,)
         scores += logp.gather(1, nxt[:, None]).squeeze(1).double()
         prefix = torch.cat((prefix, nxt[:, None]), dim=1)
@@ -142,16 +174,19 @@ def _left_to_right(model: Transformer, src: Tensor, choose: Callable[[Tensor], T
 
 
 def greedy_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, max_len_a: float = 1.2,
-                  max_len_b: int = 10, use_cache: bool = True,
-                  return_attention: bool = False) -> list[list[Hypothesis]]:
-    """Arg-max decoding; use_cache=False recomputes the whole prefix each step (slow reference)."""
+                  max_len_b: int = 10, use_cache: bool = True, return_attention: bool = False,
+                  prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Hypothesis]]:
+    """Arg-max decoding; use_cache=False recomputes the whole prefix each step (slow reference).
+    With prefixes, each output starts with its sentence's token ids, then continues freely."""
     return _left_to_right(model, src, lambda logp: logp.argmax(dim=-1),
-                          Ends(bos_id, eos_id, max_len_a, max_len_b), use_cache, return_attention)
+                          Ends(bos_id, eos_id, max_len_a, max_len_b), use_cache, return_attention,
+                          forced_tokens(prefixes, src.size(0), src.device))
 
 
 def sample(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, temperature: float = 1.0,
            top_k: int = 0, top_p: float = 1.0, max_len_a: float = 1.2, max_len_b: int = 10,
-           generator: torch.Generator | None = None) -> list[list[Hypothesis]]:
+           generator: torch.Generator | None = None,
+           prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Hypothesis]]:
     """Ancestral sampling with temperature, top-k and nucleus (top-p) filtering.
 
     score is the sum of the model's own log-probs of the sampled tokens (before temperature and
@@ -176,7 +211,8 @@ def sample(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, tempera
             logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
         return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(1)
 
-    return _left_to_right(model, src, choose, Ends(bos_id, eos_id, max_len_a, max_len_b), True, False)
+    return _left_to_right(model, src, choose, Ends(bos_id, eos_id, max_len_a, max_len_b), True, False,
+                          forced_tokens(prefixes, src.size(0), src.device))
 
 
 # -- beam search ---------------------------------------------------------------------------------
@@ -229,20 +265,23 @@ def _sentence_done(finished: list[Hypothesis], best_live: float, t: int, max_len
 @torch.inference_mode()
 def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, beam_size: int = 5,
                 length_penalty: float = 0.6, max_len_a: float = 1.2, max_len_b: int = 10, n_best: int = 1,
-                return_attention: bool = False, exhaustive: bool = False) -> list[list[Hypothesis]]:
+                return_attention: bool = False, exhaustive: bool = False,
+                prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Hypothesis]]:
     """Batched beam search (fairseq-style) returning the n_best hypotheses per sentence.
 
     The batch is flattened to (A * K) rows, A live sentences × K beams. Each step takes the top 2K
     continuations per sentence; eos among the top K are finalised with score
     logprob_sum / lp(len(tokens) + 1), the first K non-eos ones become the new beams. K=1 is exactly
-    greedy. Done sentences (`_sentence_done`) leave the batch and the cache.
+    greedy. Done sentences (`_sentence_done`) leave the batch and the cache. With prefixes, every beam
+    of a sentence starts with its prefix's token ids (one live beam until the prefix ends).
     """
     if beam_size < 1 or not 1 <= n_best <= beam_size:
         raise ValueError("need beam_size >= 1 and 1 <= n_best <= beam_size")
     K, alpha, ends, device = beam_size, length_penalty, Ends(bos_id, eos_id, max_len_a, max_len_b), src.device
     B = src.size(0)
     memory, src_pad = model.encode(src)  # once per sentence: (A, S, d), (A, S)
-    max_len = ends.limits(model, src)  # (A,)
+    forced = forced_tokens(prefixes, B, device)
+    max_len = ends.limits(model, src, forced)  # (A,)
     cache = model.new_cache()
     sent_ids = list(range(B))  # original index of each live sentence
     scores = torch.zeros(B, K, dtype=torch.float64, device=device)
@@ -255,8 +294,10 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, be
     while sent_ids:
         logits, attn = _first_or_next_step(model, prefix, memory, src_pad, cache, K, t, return_attention)
         at_max = torch.tensor([t >= m for m in max_len], device=device).repeat_interleave(K)
-        top_scores, top_tok, top_row = _top_candidates(_step_log_probs(logits, ends, model.pad_id, at_max),
-                                                       scores, K)
+        step = _forced_at(forced, torch.tensor(sent_ids, device=device), t)
+        logp = _step_log_probs(logits, ends, model.pad_id, at_max,
+                               step.repeat_interleave(K) if step is not None else None)
+        top_scores, top_tok, top_row = _top_candidates(logp, scores, K)
         is_eos = top_tok == eos_id
         if attn is not None:
             attn_hist = attn[:, None] if attn_hist is None else torch.cat((attn_hist, attn[:, None]), 1)

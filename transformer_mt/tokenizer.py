@@ -1,6 +1,6 @@
 """Subword vocabularies: train, encode, decode and serialise the source/target tokenizers.
 
-Three kinds, all built on HF `tokenizers` with fixed special-token ids (<pad>=0, <bos>=1, <eos>=2,
+Four kinds, all built on HF `tokenizers` with fixed special-token ids (<pad>=0, <bos>=1, <eos>=2,
 <unk>=3) and an NFC normaliser (optionally followed by lower-casing):
 
 - `bpe`: byte-level BPE. Every string is representable, so decode(encode(x)) == NFC(x) exactly.
@@ -10,6 +10,9 @@ Three kinds, all built on HF `tokenizers` with fixed special-token ids (<pad>=0,
   (out-of-vocabulary tokens become <unk> and are dropped on decoding). A literal "▁" in the input
   decodes as a space.
 - `char`: one token per code point (spaces included), same guarantee as `wordlevel`.
+- `unigram`: SentencePiece's unigram language model over "▁"-prefixed words (trained by `tokenizers`'
+  UnigramTrainer); same guarantee as `wordlevel`, with rare words split into pieces of known characters
+  (only characters never seen in training become <unk>).
 
 Special-token strings typed by a user (e.g. "<eos>") are encoded as ordinary text, never as the
 special ids, so input text cannot end a sequence early.
@@ -39,11 +42,15 @@ SRC_FILE = "tokenizer_src.json"
 TGT_FILE = "tokenizer_tgt.json"
 
 
-def _normalizer(lowercase: bool) -> normalizers.Normalizer:
-    """NFC first so that composed and decomposed accents share tokens."""
+def _normalizer(lowercase: bool, spaces_marked: bool = False) -> normalizers.Normalizer:
+    """NFC first so that composed and decomposed accents share tokens. spaces_marked (unigram): spaces
+    become "▁" and one is prepended here, not by the Metaspace pre-tokenizer, which skips it before a
+    leading space (losing that space) and adds one before every isolated piece (inventing spaces)."""
     steps = [normalizers.NFC()]
     if lowercase:
         steps.append(normalizers.Lowercase())
+    if spaces_marked:
+        steps += [normalizers.Replace(" ", SPACE_MARK), normalizers.Prepend(SPACE_MARK)]
     return normalizers.Sequence(steps)
 
 
@@ -64,13 +71,23 @@ def _new_tokenizer(kind: str, lowercase: bool) -> Tokenizer:
             pre_tokenizers.Punctuation(behavior="isolated"),
         ])
         tok.decoder = decoders.Metaspace(replacement=SPACE_MARK, prepend_scheme="never", split=True)
+    elif kind == "unigram":  # SentencePiece's model: every word starts with "▁", the first one too
+        tok = Tokenizer(models.Unigram())
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(SPACE_MARK, behavior="merged_with_next"),  # words: at most one leading ▁
+            # As wordlevel, other whitespace is its own piece; "<" and ">" too, so that no piece can
+            # spell a special token ("<eos>" typed by a user stays text: Viterbi would pick the piece).
+            pre_tokenizers.Split(Regex(r"[^\S ]|[<>]"), behavior="isolated"),
+        ])
+        # Drops the first piece's "▁" (the prepended one), then each "▁" is a space again.
+        tok.decoder = decoders.Metaspace(replacement=SPACE_MARK, prepend_scheme="always", split=True)
     elif kind == "char":
         tok = Tokenizer(models.WordLevel(unk_token=UNK))
         tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
         tok.decoder = decoders.Fuse()  # concatenate; the default decoder would join with spaces
     else:
         raise ValueError(f"unknown tokenizer kind {kind!r}")
-    tok.normalizer = _normalizer(lowercase)
+    tok.normalizer = _normalizer(lowercase, spaces_marked=kind == "unigram")
     tok.encode_special_tokens = True
     return tok
 
@@ -82,6 +99,9 @@ def _trainer(cfg: TokenizerConfig) -> trainers.Trainer:
             vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency, show_progress=False,
             special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         )
+    if cfg.kind == "unigram":
+        return trainers.UnigramTrainer(vocab_size=cfg.vocab_size, special_tokens=SPECIAL_TOKENS,
+                                       unk_token=UNK, show_progress=False)
     return trainers.WordLevelTrainer(
         vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency, show_progress=False,
         special_tokens=SPECIAL_TOKENS,
@@ -92,6 +112,9 @@ def _train_one(cfg: TokenizerConfig, texts: Iterable[str]) -> Tokenizer:
     """Train one tokenizer of cfg.kind on texts."""
     tok = _new_tokenizer(cfg.kind, cfg.lowercase)
     tok.train_from_iterator(texts, trainer=_trainer(cfg))
+    # Trained unigram scores print with more digits than they read back with: one trip through JSON
+    # makes to_json() a fixed point (checkpoints compare vocabularies by it, e.g. in ensembles).
+    tok = _load_str(tok.to_str())
     for want, token in enumerate(SPECIAL_TOKENS):
         if tok.token_to_id(token) != want:  # a tokenizers change would silently shift every id
             raise RuntimeError(f"special token {token} got id {tok.token_to_id(token)}, not {want}")
@@ -101,8 +124,8 @@ def _train_one(cfg: TokenizerConfig, texts: Iterable[str]) -> Tokenizer:
 def _kind_of(tok: Tokenizer) -> str:
     """Recover the kind from a tokenizer's own JSON (so saved files need no side-car)."""
     spec = json.loads(tok.to_str())
-    if spec["model"]["type"] == "BPE":
-        return "bpe"
+    if spec["model"]["type"] in ("BPE", "Unigram"):
+        return spec["model"]["type"].lower()
     return "char" if spec["pre_tokenizer"]["type"] == "Split" else "wordlevel"
 
 
@@ -169,6 +192,8 @@ class Vocabulary:
             if piece is None:
                 out.append(UNK)
             elif int(i) < len(SPECIAL_TOKENS):
+                out.append(piece)
+            elif self.kind == "unigram":  # already text; the decoder would drop a first piece's "▁"
                 out.append(piece)
             else:
                 # The decoder turns byte-level pieces into text (a piece holding part of a

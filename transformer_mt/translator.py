@@ -25,7 +25,8 @@ import torch
 from transformer_mt.checkpoint import model_from_checkpoint
 from transformer_mt.config import DecodingConfig, DeviceConfig
 from transformer_mt.data import length_sorted_batches, pad_sources
-from transformer_mt.model import Transformer
+from transformer_mt.errors import ConfigError
+from transformer_mt.model import Ensemble, Transformer
 from transformer_mt.runtime import Precision, autocast, precision, select_device
 from transformer_mt.search import Hypothesis, beam_search, greedy_search, sample
 from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Vocabulary
@@ -41,9 +42,11 @@ def decode_ids(
     return_attention: bool = False,
     generator: torch.Generator | None = None,
     amp: torch.dtype | None = None,
+    prefixes: Sequence[Sequence[int]] | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode token-id sources (without eos) and return each sentence's n-best list, input order kept;
-    under autocast to `amp` when given (the searches score in float32 and float64 all the same)."""
+    under autocast to `amp` when given (the searches score in float32 and float64 all the same). With
+    prefixes (target token ids per sentence), each output starts with its own."""
     was_training = model.training
     model.eval()
     results: list[list[Hypothesis]] = [[] for _ in src_ids]
@@ -53,7 +56,8 @@ def decode_ids(
         with autocast(device, amp):
             for batch in length_sorted_batches([len(s) for s in src_ids], budget):
                 src = pad_sources([list(src_ids[i]) for i in batch], PAD_ID).to(device)
-                for i, hyps in zip(batch, _search(model, src, decoding, return_attention, generator)):
+                forced = [prefixes[i] for i in batch] if prefixes else None
+                for i, hyps in zip(batch, _search(model, src, decoding, return_attention, generator, forced)):
                     results[i] = hyps
     finally:
         model.train(was_training)
@@ -61,9 +65,11 @@ def decode_ids(
 
 
 def _search(model: Transformer, src: torch.Tensor, decoding: DecodingConfig, return_attention: bool,
-            generator: torch.Generator | None) -> list[list[Hypothesis]]:
+            generator: torch.Generator | None,
+            prefixes: Sequence[Sequence[int]] | None) -> list[list[Hypothesis]]:
     """The search `decoding` asks for: sampling, greedy (beam 1) or beam search."""
-    ends = dict(bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=decoding.max_len_a, max_len_b=decoding.max_len_b)
+    ends = dict(bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=decoding.max_len_a, max_len_b=decoding.max_len_b,
+                prefixes=prefixes)
     if decoding.sampling:
         return sample(model, src, temperature=decoding.temperature, top_k=decoding.top_k,
                       top_p=decoding.top_p, generator=generator, **ends)
@@ -96,9 +102,18 @@ class TextTranslator:
     truncated: int
 
     def translate_nbest(self, sentences: list[str], return_attention: bool = False,
-                        **options: Any) -> list[list[Translation]]:
-        """n-best translations per sentence (best first)."""
+                        prefixes: list[str] | None = None, **options: Any) -> list[list[Translation]]:
+        """n-best translations per sentence (best first); with prefixes, each translation starts with
+        its sentence's prefix (decoding.prefix gives one to all)."""
         raise NotImplementedError
+
+    def prefix_ids(self, sentences: list[str], prefixes: list[str] | None,
+                   decoding: DecodingConfig) -> list[list[int]] | None:
+        """Target token ids each translation must start with: prefixes[i], else decoding.prefix."""
+        if prefixes is not None and len(prefixes) != len(sentences):
+            raise ConfigError(f"{len(prefixes)} prefixes for {len(sentences)} sentences; give one each")
+        texts = prefixes if prefixes is not None else [decoding.prefix or ""] * len(sentences)
+        return self.vocab.encode_tgt(texts) if any(texts) else None
 
     def _options(self, **overrides: Any) -> DecodingConfig:
         """This engine's decoding settings with the given (non-None) options, validated."""
@@ -121,11 +136,14 @@ class TextTranslator:
         return ids
 
     def translate(self, sentences: str | list[str], beam_size: int | None = None,
-                  **options: Any) -> str | list[str]:
-        """Best translation of one sentence (a string) or of each sentence of a list."""
+                  prefixes: str | list[str] | None = None, **options: Any) -> str | list[str]:
+        """Best translation of one sentence (a string) or of each sentence of a list (with a prefix
+        each: a string, or a list)."""
         single = isinstance(sentences, str)
         batch = [sentences] if single else list(sentences)
-        best = [nbest[0].text for nbest in self.translate_nbest(batch, beam_size=beam_size, **options)]
+        starts = [prefixes] if isinstance(prefixes, str) else prefixes
+        best = [nbest[0].text for nbest in self.translate_nbest(batch, beam_size=beam_size, prefixes=starts,
+                                                                **options)]
         return best[0] if single else best
 
     def predict(self, sentence: str) -> str:
@@ -154,25 +172,38 @@ class Translator(TextTranslator):
                         decoding: DecodingConfig | None = None, max_input_tokens: int | None = None,
                         amp: str = "auto") -> Translator:
         """Rebuild model and tokenizer from a checkpoint file or run directory (its best checkpoint);
-        `amp` as device.amp (auto: bf16 on a CPU with native bf16)."""
-        file, state, model, vocab = model_from_checkpoint(path)
+        several, comma-separated, decode as an ensemble. `amp` as device.amp (auto: bf16 on a CPU with
+        native bf16)."""
+        loaded = [model_from_checkpoint(p) for p in str(path).split(",") if p.strip()]
+        if not loaded:
+            raise ConfigError(f"checkpoint={path} names no checkpoint")
+        file, state, model, vocab = loaded[0]
+        for other, _, _, other_vocab in loaded[1:]:
+            if other_vocab.to_json() != vocab.to_json():
+                raise ConfigError(f"{other} and {file} have different vocabularies; an ensemble needs "
+                                  "models trained with the same tokenizer")
         target = device if isinstance(device, torch.device) else select_device(DeviceConfig(device))
         info = {"checkpoint": str(file), "epoch": state.get("epoch"), "step": state.get("step"),
                 "config": state.get("config", {})}
+        if len(loaded) > 1:
+            model = Ensemble([m for _, _, m, _ in loaded])
+            info["ensemble"] = [str(f) for f, _, _, _ in loaded]
         chosen = precision(DeviceConfig(name=target.type, amp=amp), target, training=False)
         return cls(model, vocab, target, decoding, max_input_tokens, info, chosen)
 
     def translate_nbest(self, sentences: list[str], return_attention: bool = False,
-                        **options: Any) -> list[list[Translation]]:
+                        prefixes: list[str] | None = None, **options: Any) -> list[list[Translation]]:
         """n-best translations per sentence (best first); empty input gives one empty translation."""
         decoding = self._options(**options)
         ids = self.encode(sentences)
+        forced = self.prefix_ids(sentences, prefixes, decoding)
         real = [i for i, s in enumerate(sentences) if s.strip()]
         results: list[list[Translation]] = [[Translation("", 0.0)] for _ in sentences]
         if not real:
             return results
         hyps = decode_ids(self.model, [ids[i] for i in real], decoding, self.device,
-                          return_attention=return_attention, amp=self.precision.dtype)
+                          return_attention=return_attention, amp=self.precision.dtype,
+                          prefixes=[forced[i] for i in real] if forced else None)
         for i, nbest in zip(real, hyps):
             texts = self.vocab.decode_tgt([h.tokens for h in nbest])
             results[i] = [

@@ -67,16 +67,20 @@ def evaluate(cfg: EvaluateConfig) -> float:
     search = "sampling" if d.sampling else ("greedy" if d.beam_size == 1 else f"beam{d.beam_size}")
     out_tokens = sum(len(t) for t in engine.vocab.encode_tgt(hypotheses))
     report: dict[str, Any] = {
-        "checkpoint": str(checkpoint), "set": name, "search": search, **scores.as_dict(),
+        "checkpoint": engine.info.get("ensemble", str(checkpoint)), "set": name, "search": search,
+        **scores.as_dict(),
         "sentences_per_s": len(sources) / seconds, "tokens_per_s": out_tokens / seconds, "seconds": seconds,
         "device": str(engine.device), "amp": str(engine.precision), "decoding": d.__dict__,
     }
     out_dir = Path(cfg.output_dir) if cfg.output_dir else checkpoint.parent / "eval"
-    stem = f"{name}.{checkpoint.stem}.{search}"
+    members = len(engine.info.get("ensemble", ()))
+    stem = f"{name}.{f'ensemble{members}' if members else checkpoint.stem}.{search}"
     text = "\n".join(hypotheses) + "\n"
     atomic_write(out_dir / f"{stem}.hyp.txt", lambda f: f.write(text.encode("utf-8")))
     atomic_write(out_dir / f"{stem}.json", lambda f: f.write(json.dumps(report, indent=2).encode("utf-8")))
-    _log_tensorboard(checkpoint.parent, f"eval_{name}_{search}", scores, int(engine.info.get("step") or 0))
+    if not members:  # an ensemble is no one checkpoint's step
+        step = int(engine.info.get("step") or 0)
+        _log_tensorboard(checkpoint.parent, f"eval_{name}_{search}", scores, step)
     print(f"{name} ({len(sources)} sentences, {search}): BLEU {scores.bleu:.2f}  chrF {scores.chrf:.2f}"
           f"  CER {scores.cer:.4f}  WER {scores.wer:.4f}")
     print(f"  BLEU signature: {scores.bleu_signature}")

@@ -94,7 +94,11 @@ def write_lines(engine: TextTranslator, lines: Iterable[str], out: TextIO, cfg: 
     """Translate lines chunk by chunk, writing each chunk's output as soon as it is done; the count."""
     count = 0
     for chunk in chunks(lines, CHUNK_LINES):
-        for nbest in engine.translate_nbest(chunk):
+        prefixes = None
+        if cfg.input_format == "tsv":  # source<TAB>prefix: each translation starts with its prefix
+            rows = [line.split("\t", 1) for line in chunk]
+            chunk, prefixes = [r[0] for r in rows], [r[1] if len(r) > 1 else "" for r in rows]
+        for nbest in engine.translate_nbest(chunk, prefixes=prefixes):
             for line in format_nbest(nbest, cfg.decoding.n_best, cfg.scores):
                 out.write(line + "\n")
         out.flush()

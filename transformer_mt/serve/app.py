@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
 from transformer_mt.config import ServeConfig
+from transformer_mt.errors import UserError
 from transformer_mt.serve.batcher import Batcher, QueueFull, Search
 from transformer_mt.tokenizer import EOS
 from transformer_mt.translator import TextTranslator, Translation
@@ -45,6 +46,8 @@ class TranslateRequest(BaseModel):
     n_best: int | None = Field(None, ge=1, description="hypotheses per text, at most beam_size")
     scores: bool = Field(False, description="also return each hypothesis with its model score")
     attention: bool = Field(False, description="also return cross-attention, per layer and head")
+    prefix: list[str] | str | None = Field(None, description="forced start of each translation (prefix "
+                                           "decoding): one per text, \"\" for none; default: the server's")
 
 
 class Hypothesis(BaseModel):
@@ -166,10 +169,13 @@ def create_app(engine: TextTranslator, cfg: ServeConfig) -> FastAPI:
         body = parse_request(await request.body(), cfg)
         texts = [body.text] if isinstance(body.text, str) else body.text
         search = Search(body.beam_size, body.n_best, body.attention)
+        prefixes = [body.prefix] if isinstance(body.prefix, str) else body.prefix
         try:
-            results = await asyncio.wait_for(batcher.translate(texts, search), cfg.limits.timeout_s)
+            results = await asyncio.wait_for(batcher.translate(texts, search, prefixes), cfg.limits.timeout_s)
         except QueueFull as ex:
             raise HTTPException(503, str(ex), headers={"Retry-After": str(ex.retry_after)}) from None
+        except UserError as ex:  # what this engine cannot do: CTranslate2 has no prefix decoding
+            raise HTTPException(422, str(ex)) from None
         except asyncio.TimeoutError:
             waited = f"not translated within {cfg.limits.timeout_s:g} s (limits.timeout_s)"
             raise HTTPException(503, f"{waited}; the server is overloaded, retry later",
@@ -208,12 +214,27 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> TranslateRequest:
         if len(text) > limits.max_chars:
             raise HTTPException(413, f"text[{i}] has {len(text)} characters; the limit is {limits.max_chars} "
                                 "(limits.max_chars): split it into sentences")
+    _check_prefixes(body, len(texts), limits.max_chars)
     beam = body.beam_size or cfg.decoding.beam_size
     if beam > limits.max_beam_size:
         raise HTTPException(422, f"beam_size={beam} is above this server's limit of {limits.max_beam_size}")
     if body.n_best is not None and body.n_best > beam:
         raise HTTPException(422, f"n_best={body.n_best} is above beam_size={beam}; ask for at most {beam}")
     return body
+
+
+def _check_prefixes(body: TranslateRequest, n_texts: int, max_chars: int) -> None:
+    """One prefix per text (a string for one text), each within limits.max_chars."""
+    if body.prefix is None:
+        return
+    prefixes = [body.prefix] if isinstance(body.prefix, str) else body.prefix
+    if len(prefixes) != n_texts:
+        raise HTTPException(422, f"prefix has {len(prefixes)} items for {n_texts} texts; give one per text "
+                            '("" for none)')
+    for i, prefix in enumerate(prefixes):
+        if len(prefix) > max_chars:
+            raise HTTPException(413, f"prefix[{i}] has {len(prefix)} characters; the limit is {max_chars} "
+                                "(limits.max_chars)")
 
 
 def _one_line(errors: Any) -> str:
@@ -258,7 +279,7 @@ def describe(engine: TextTranslator, cfg: ServeConfig) -> dict[str, Any]:
     dataset = (info.get("config") or {}).get("dataset") or {}
     vocab = engine.vocab
     return {
-        "model": info.get("model_dir") or info.get("checkpoint"),
+        "model": info.get("model_dir") or info.get("ensemble") or info.get("checkpoint"),
         "engine": cfg.engine, "step": info.get("step"),
         "device": str(getattr(engine, "device", info.get("device"))),
         "precision": str(getattr(engine, "precision", info.get("compute_type"))),

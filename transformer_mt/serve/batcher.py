@@ -2,9 +2,11 @@
 
 Requests wait in a queue. The worker takes the oldest, waits up to `window_ms` for more to arrive,
 and decodes every waiting request that asks for the same search (beam size, n-best, attention) in one
-call, up to `max_sentences`; `Translator` sorts that batch by length. Each request's future gets its own
-translations back, in its own order. The event loop only enqueues and awaits, so it never blocks on
-decoding, and a request whose client went away is skipped (or its answer dropped), never an error.
+call, up to `max_sentences`; requests with prefixes (forced starts, one per text) batch only with each
+other, so that the server's own decoding.prefix still applies to the rest. `Translator` sorts that
+batch by length. Each request's future gets its own translations back, in its own order. The event
+loop only enqueues and awaits, so it never blocks on decoding, and a request whose client went away is
+skipped (or its answer dropped), never an error.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from transformer_mt.config import BatchingConfig
+from transformer_mt.errors import UserError
 from transformer_mt.translator import TextTranslator, Translation
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,7 @@ class Job:
     search: Search
     future: asyncio.Future[list[list[Translation]]]
     loop: asyncio.AbstractEventLoop
+    prefixes: list[str] | None = None  # each text's forced start, or None: the server's decoding.prefix
 
 
 class QueueFull(Exception):
@@ -82,10 +86,12 @@ class Batcher:
     def waiting(self) -> int:
         return self._waiting
 
-    async def translate(self, texts: list[str], search: Search) -> list[list[Translation]]:
-        """Queue texts and wait for their n-best lists (raises QueueFull when the queue is full)."""
+    async def translate(self, texts: list[str], search: Search,
+                        prefixes: list[str] | None = None) -> list[list[Translation]]:
+        """Queue texts (with a forced start each when prefixes are given) and wait for their n-best
+        lists (raises QueueFull when the queue is full)."""
         loop = asyncio.get_running_loop()
-        job = Job(texts, search, loop.create_future(), loop)
+        job = Job(texts, search, loop.create_future(), loop, prefixes)
         with self._cond:
             if self._waiting + len(texts) > self.cfg.max_queue:
                 raise QueueFull(self._waiting, self._retry_after())
@@ -135,8 +141,8 @@ class Batcher:
 
     def _take(self) -> list[Job]:
         """Remove the jobs of the next batch from the queue (called with the lock held): the first job
-        whole, then later jobs with the same search while they fit in max_sentences. Jobs whose
-        client stopped waiting are dropped here."""
+        whole, then later jobs with the same search (and prefixes or none, as it) while they fit in
+        max_sentences. Jobs whose client stopped waiting are dropped here."""
         first: Job | None = None
         taken: list[Job] = []
         kept: collections.deque[Job] = collections.deque()
@@ -146,6 +152,7 @@ class Batcher:
                 self._waiting -= len(job.texts)
                 continue
             fits = first is not None and self.cfg.enabled and job.search == first.search and \
+                (job.prefixes is None) == (first.prefixes is None) and \
                 size + len(job.texts) <= self.cfg.max_sentences
             if first is None or fits:
                 first = first or job
@@ -160,10 +167,14 @@ class Batcher:
     def _decode(self, jobs: list[Job]) -> None:
         texts = [t for job in jobs for t in job.texts]
         search = jobs[0].search
+        prefixes = None if jobs[0].prefixes is None else [p for job in jobs for p in job.prefixes or ()]
         start = time.perf_counter()
         try:
             results: Any = self.engine.translate_nbest(texts, return_attention=search.attention,
-                                                       beam_size=search.beam_size, n_best=search.n_best)
+                                                       beam_size=search.beam_size, n_best=search.n_best,
+                                                       prefixes=prefixes)
+        except UserError as ex:  # asked of an engine that cannot (prefixes on CTranslate2): no traceback
+            results = ex
         except Exception as ex:  # noqa: BLE001 - the worker must outlive any one batch
             log.exception("decoding a batch of %d sentences failed", len(texts))
             results = ex
