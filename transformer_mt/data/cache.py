@@ -29,7 +29,7 @@ import numpy as np
 
 from transformer_mt.config import DatasetConfig, TokenizerConfig, resolve_path
 from transformer_mt.data.corpora import Corpus, Skipped, locate
-from transformer_mt.data.memory import release_freed_memory
+from transformer_mt.data.memory import index_type, release_freed_memory
 from transformer_mt.data.ragged import Ragged
 from transformer_mt.data.split import TEST, TRAIN, VALID, assign, sentence_key
 from transformer_mt.errors import DataError
@@ -120,7 +120,7 @@ def _texts(corpus: Corpus, plan: Plan, limit: int,
     """Pass 2: the valid and test pairs (split order), and the tokenizer's training pairs: all of them
     in split order, or `limit` drawn at random when there are more."""
     # where a pair goes: its place in one of the lists
-    slot = np.full(plan.count, -1, dtype=np.int32 if plan.count < 2**31 else np.int64)
+    slot = np.full(plan.count, -1, dtype=index_type(plan.count))
     home = np.full(plan.count, -1, dtype=np.int8)
     sample = plan.train
     if len(sample) > limit:
@@ -175,18 +175,13 @@ def _encode_train(corpus: Corpus, plan: Plan, vocab: Vocabulary, folder: Path) -
         if chunk:
             flush(chunk)
     # plan.train is in split order; the scratch files are in corpus order: where each split position lies.
-    position = np.searchsorted(np.sort(plan.train), plan.train).astype(_index_type(len(plan.train)))
+    position = np.searchsorted(np.sort(plan.train), plan.train).astype(index_type(len(plan.train)))
     del is_train
     for side in ("src", "tgt"):
         lens = np.concatenate(lengths.pop(side) or [np.zeros(0, np.int32)])
         _write_in_order(scratch[side], lens, position, folder / f"train.{side}")
         scratch[side].unlink()
     return digest.hexdigest()
-
-
-def _index_type(n: int) -> type:
-    """int32 for indices below 2**31 (half the memory a pair), else int64."""
-    return np.int32 if n < 2**31 else np.int64
 
 
 def _ids(path: Path) -> np.ndarray:
@@ -199,7 +194,7 @@ def _write_in_order(path: Path, lengths: np.ndarray, order: np.ndarray, stem: Pa
     with their offsets in stem.offsets.npy. The rows are read with pread, GATHER at a time: a memory
     map would do for the jumps all over the file, but the kernel maps whole blocks around each row read
     (fault-around, large folios), so the process would hold the whole file resident."""
-    starts = np.zeros(len(lengths) + 1, dtype=_index_type(int(lengths.sum(dtype=np.int64))))
+    starts = np.zeros(len(lengths) + 1, dtype=index_type(int(lengths.sum(dtype=np.int64))))
     np.cumsum(lengths, out=starts[1:])
     offsets = np.zeros(len(order) + 1, dtype=np.int64)
     np.cumsum(lengths[order], out=offsets[1:])

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from transformer_mt.data.corpora import read_utf8
-from transformer_mt.data.memory import release_freed_memory
+from transformer_mt.data.memory import index_type, release_freed_memory
 from transformer_mt.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class Assignment:
 def _roots(src_keys: np.ndarray, tgt_keys: np.ndarray) -> np.ndarray:
     """For each pair, the first pair of its group: pairs linked by an equal source or target key."""
     n = len(src_keys)
-    index = np.int32 if n < 2**31 else np.int64  # per-pair arrays at half the size when they can be
+    index = index_type(n)
     parent = np.arange(n, dtype=index)
 
     def find(i: int) -> int:
