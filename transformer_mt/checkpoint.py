@@ -30,6 +30,8 @@ FORMAT_VERSION = 1
 BEST = "best.pt"
 LATEST = "latest.pt"
 _NUMBERED_FILE = re.compile(r"^(epoch|step)_(\d+)\.pt$")
+TRAINED = "trained_model"  # with EMA on, `model` is the average and this the trained weights (ema.py)
+UPDATES = "ema_updates"
 _REQUIRED = ("format_version", "model_config", "model", "tokenizer", "config")
 
 
@@ -160,10 +162,16 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
             averaged[name] = total.to(tensor.dtype)
         else:  # integer buffers (none today) are taken from the newest checkpoint
             averaged[name] = states[-1]["model"][name]
-    result = {k: v for k, v in states[-1].items() if k not in ("optimizer", "scheduler", "scaler", "rng")}
+    result = {k: v for k, v in states[-1].items()
+              if k not in ("optimizer", "scheduler", "scaler", "rng", TRAINED, UPDATES)}
     result["model"] = averaged
     result["averaged_from"] = [str(p) for p in paths]
     return result
+
+
+def trained_weights(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The weights training continues from: `model`, unless the run kept an average (then TRAINED)."""
+    return state.get(TRAINED, state["model"])
 
 
 def build_model(cfg: ModelConfig, vocab: Vocabulary) -> Transformer:

@@ -76,6 +76,7 @@ RANGES: dict[str, Rule] = {
     "training.warmup_steps": at_least(0),
     "training.min_lr": at_least(0),
     "training.label_smoothing": PROBABILITY,
+    "training.ema_decay": PROBABILITY,
     "training.clip_grad_norm": at_least(0),
     "training.log_every": at_least(1),
     "training.valid_max_sentences": at_least(1),

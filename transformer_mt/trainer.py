@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from transformer_mt import checkpoint as ckpt
-from transformer_mt import distributed, loss
+from transformer_mt import distributed, ema, loss
 from transformer_mt.config import TrainConfig
 from transformer_mt.data import Batch, TokenBatchSampler
 from transformer_mt.errors import TrainingError
@@ -89,6 +89,7 @@ class Trainer:
         self.vocab = self.data.vocab
         self.model = ckpt.build_model(cfg.model, self.vocab).to(self.device)
         self.optimizer = build_optimizer(self.model, t, self.device)
+        self.ema = ema.build(self.model, t.ema_decay)  # then validated, saved and translated with
         self.sampler = TokenBatchSampler(self.data.train.lengths(), t.batch_tokens, seed=cfg.seed)
         self.clock = TrainingClock(t.max_minutes, now=clock)  # before the schedule, which reads it
         self.epoch_batches = self.sampler.num_batches(self.world.size)  # this rank's, every epoch
@@ -111,7 +112,8 @@ class Trainer:
         self.session_tokens, self.session_start_seconds = 0, self.clock.seconds  # for result.json
         # A resumed run redoes the steps after its checkpoint: their old events are purged.
         self.records = RunRecords(run_dir, self.world.is_main, self.step + 1 if self.step else None)
-        self.validate = Validator(self.model, self.vocab, self.data.valid, cfg, self.device, self.amp,
+        validated = self.ema.model if self.ema else self.model
+        self.validate = Validator(validated, self.vocab, self.data.valid, cfg, self.device, self.amp,
                                   self.records)
         log.info("run directory: %s", run_dir)
         log.info("device %s (%s), %d threads%s; model %.2fM parameters; %s", self.device,
@@ -122,7 +124,9 @@ class Trainer:
     def _restore(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint: weights, optimizer, schedule, scaler, position, clock and RNG."""
         ckpt.check_resumable(state, self.model, self.world.size)
-        self.model.load_state_dict(state["model"])
+        self.model.load_state_dict(ckpt.trained_weights(state))
+        if self.ema:
+            self.ema.restore(state, self.model)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
@@ -264,6 +268,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.step += 1
+        if self.ema:
+            self.ema.update(self.model)
         return grad_norm
 
     def _after_step(self) -> str:
@@ -352,7 +358,8 @@ class Trainer:
         state = {
             "model_config": ckpt.model_spec(self.model),
             "config": OmegaConf.to_container(OmegaConf.structured(self.cfg), resolve=True),
-            "overrides": self.overrides, "tokenizer": self.vocab.to_json(), "model": self.model.state_dict(),
+            "overrides": self.overrides, "tokenizer": self.vocab.to_json(),
+            **(self.ema.checkpoint_entries(self.model) if self.ema else {"model": self.model.state_dict()}),
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(), "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
             "step": self.step, "best": self.best, "bad_epochs": self.bad_epochs,
