@@ -14,10 +14,11 @@ import torch
 
 import transformer_mt as tmt
 from tests.conftest import ROOT, run_cli, tiny_overrides
-from transformer_mt.checkpoint import CheckpointError, load_checkpoint, load_latest_good
+from transformer_mt.checkpoint import TRAINED, CheckpointError, load_checkpoint, load_latest_good
 
 FAULT_RUN = {"training.save_every_steps": 1, "training.log_every": 1, "dataset.max_pairs": 400,
              "training.valid_max_sentences": 10, "training.batch_tokens": 768}
+REGULARISED = {"training.ema_decay": 0.9, "tokenizer.dropout": 0.1}
 
 
 def _start(args: list[str], log_file: Path) -> subprocess.Popen:
@@ -50,14 +51,25 @@ def reference_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Pat
     return run_dir
 
 
-@pytest.mark.parametrize("kill_after_step", [3, 14])
-def test_kill_9_then_resume_is_bit_exact(reference_run: Path, corpus: Path, tmp_path: Path,
-                                         kill_after_step: int, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.fixture(scope="module")
+def regularised_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
+    """The same run with a weight average (EMA) and BPE-dropout: more state that must resume exactly."""
+    run_dir = tmp_path_factory.mktemp("faults") / "regularised"
+    tmt.train(tiny_overrides(corpus, run_dir, **FAULT_RUN, **REGULARISED))
+    return run_dir
+
+
+@pytest.mark.parametrize(("kill_after_step", "regularised"), [(3, False), (14, False), (14, True)])
+def test_kill_9_then_resume_is_bit_exact(request: pytest.FixtureRequest, corpus: Path, tmp_path: Path,
+                                         kill_after_step: int, regularised: bool,
+                                         caplog: pytest.LogCaptureFixture) -> None:
+    reference_run = request.getfixturevalue("regularised_run" if regularised else "reference_run")
     steps_per_epoch = load_checkpoint(reference_run / "epoch_001.pt")["step"]
     assert kill_after_step < 2 * steps_per_epoch
     run_dir = tmp_path / "killed"
     log_file = tmp_path / "first.log"
-    proc = _start(["train", *tiny_overrides(corpus, run_dir, **FAULT_RUN)], log_file)
+    extra = {**FAULT_RUN, **(REGULARISED if regularised else {})}
+    proc = _start(["train", *tiny_overrides(corpus, run_dir, **extra)], log_file)
     _wait_for(log_file, f"step {kill_after_step})", proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -67,10 +79,13 @@ def test_kill_9_then_resume_is_bit_exact(reference_run: Path, corpus: Path, tmp_
     with caplog.at_level("INFO"):
         tmt.train([f"resume={run_dir}"])  # in this process: the same computation, bit for bit
     assert f"step {killed_at}, lr" in caplog.text  # continued where it was
-    expected, got = _weights(reference_run / "epoch_002.pt"), _weights(run_dir / "epoch_002.pt")
-    assert expected.keys() == got.keys()
-    for name in expected:
-        assert torch.equal(expected[name], got[name]), f"{name} differs after resume"
+    expected, got = load_checkpoint(reference_run / "epoch_002.pt"), load_checkpoint(run_dir / "epoch_002.pt")
+    weights = ["model", TRAINED] if regularised else ["model"]  # the average, and the trained weights
+    assert all(key in expected for key in weights)
+    for key in weights:
+        assert expected[key].keys() == got[key].keys()
+        for name in expected[key]:
+            assert torch.equal(expected[key][name], got[key][name]), f"{key}.{name} differs after resume"
 
 
 def test_a_resumed_run_reads_its_checkpoint_once(reference_run: Path, tmp_path: Path,

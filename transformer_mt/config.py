@@ -90,6 +90,9 @@ class TokenizerConfig(Section):
     min_frequency: int = 2
     lowercase: bool = False
     max_sentences: int = 500_000  # training pairs the tokenizer learns from (a random sample of more)
+    # Subword regularisation: each epoch's training pairs are segmented anew (data/segmentation.py).
+    dropout: float = 0.0  # bpe: BPE-dropout, each merge skipped with this probability (0.1 is usual)
+    alpha: float = 0.0  # unigram: sample segmentations with probability ∝ P^alpha (0.1-0.5 is usual)
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,15 @@ HPARAMS = ("model.d_model", "model.n_heads", "model.d_ff", "model.encoder_layers
            "model.dropout", "tokenizer.kind", "tokenizer.vocab_size", "training.lr", "training.scheduler",
            "training.warmup_steps", "training.batch_tokens", "training.accumulate",
            "training.label_smoothing", "training.epochs", "dataset.max_pairs", "seed")
+
+@dataclasses.dataclass
+class Window:
+    """Loss and target tokens since the last progress line."""
+
+    loss: float = 0.0
+    batches: int = 0
+    tokens: int = 0
+    start: float = dataclasses.field(default_factory=time.perf_counter)
 
 
 class RunRecords:

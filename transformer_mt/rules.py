@@ -63,6 +63,8 @@ RANGES: dict[str, Rule] = {
     "dataset.test_size": at_least(0),
     "tokenizer.min_frequency": at_least(1),
     "tokenizer.max_sentences": at_least(100),
+    "tokenizer.dropout": PROBABILITY,
+    "tokenizer.alpha": at_least(0),
     **{f"model.{k}": at_least(1) for k in ("d_model", "n_heads", "d_ff", "encoder_layers",
                                             "decoder_layers", "max_positions")},
     **{f"model.{k}": PROBABILITY for k in ("dropout", "attention_dropout", "activation_dropout")},
@@ -168,8 +170,15 @@ def _parallel_files(d: DatasetConfig) -> list[str]:
 def _tokenizer_relations(t: TokenizerConfig) -> list[str]:
     minimum = min_vocab_size(t.kind)
     parts = f"{SPECIAL_TOKENS} special tokens + {'256 bytes' if t.kind == 'bpe' else '1 symbol'}"
-    return out_of_range("tokenizer.vocab_size", t.vocab_size, t.vocab_size >= minimum,
-                        f">= {minimum} for tokenizer={t.kind} ({parts})")
+    found = out_of_range("tokenizer.vocab_size", t.vocab_size, t.vocab_size >= minimum,
+                         f">= {minimum} for tokenizer={t.kind} ({parts})")
+    # Subword regularisation: BPE-dropout for bpe, sampling for unigram (data/segmentation.py).
+    for key, value, kind in (("dropout", t.dropout, "bpe"), ("alpha", t.alpha, "unigram")):
+        if value and t.kind != kind:
+            found.append(f"tokenizer.{key}={value} applies to tokenizer={kind} only (this run has "
+                         f"tokenizer={t.kind}); set tokenizer.{key}=0"
+                         + (" or use tokenizer.alpha for unigram" if kind == "bpe" else ""))
+    return found
 
 
 def _training_relations(t: TrainingConfig) -> list[str]:

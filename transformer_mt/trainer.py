@@ -13,7 +13,6 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +23,13 @@ from tqdm import tqdm
 from transformer_mt import checkpoint as ckpt
 from transformer_mt import distributed, ema, loss
 from transformer_mt.config import TrainConfig
-from transformer_mt.data import Batch, TokenBatchSampler
+from transformer_mt.data import Batch
+from transformer_mt.data.epochs import TrainingEpochs
+from transformer_mt.data.segmentation import build as subword_sampler
 from transformer_mt.errors import TrainingError
 from transformer_mt.metrics import improves
 from transformer_mt.optim import build_optimizer, build_scheduler, clip_gradients
-from transformer_mt.records import RunRecords, hparams
+from transformer_mt.records import RunRecords, Window, hparams
 from transformer_mt.runtime import (
     Interrupt,
     TrainingClock,
@@ -47,16 +48,6 @@ from transformer_mt.validation import Validator
 log = logging.getLogger(__name__)
 AVERAGED = "averaged.pt"
 INTERRUPTED = "interrupted"
-
-
-@dataclass
-class Window:
-    """Loss and target tokens since the last progress line."""
-
-    loss: float = 0.0
-    batches: int = 0
-    tokens: int = 0
-    start: float = field(default_factory=time.perf_counter)
 
 
 class Trainer:
@@ -90,9 +81,11 @@ class Trainer:
         self.model = ckpt.build_model(cfg.model, self.vocab).to(self.device)
         self.optimizer = build_optimizer(self.model, t, self.device)
         self.ema = ema.build(self.model, t.ema_decay)  # then validated, saved and translated with
-        self.sampler = TokenBatchSampler(self.data.train.lengths(), t.batch_tokens, seed=cfg.seed)
+        subwords = subword_sampler(self.vocab, cfg.tokenizer, cfg.seed, cfg.dataset.max_len)
+        self.epochs = TrainingEpochs(self.data.train, t.batch_tokens, cfg.seed, subwords)
         self.clock = TrainingClock(t.max_minutes, now=clock)  # before the schedule, which reads it
-        self.epoch_batches = self.sampler.num_batches(self.world.size)  # this rank's, every epoch
+        # This rank's batches per epoch (re-segmented epochs differ from the first by a few at most)
+        self.epoch_batches = self.epochs(0)[1].num_batches(self.world.size)
         steps_per_epoch = math.ceil(self.epoch_batches / t.accumulate)
         self.scheduler = build_scheduler(self.optimizer, t, steps_per_epoch * t.epochs, self.clock.used)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == torch.float16)
@@ -189,12 +182,13 @@ class Trainer:
         """One pass over the epoch's shuffled batches (from where a resumed run left off); a reason to stop
         early ('' at the epoch's end)."""
         t = self.cfg.training
-        batches = self.sampler.batches(self.epoch, self.world.rank, self.world.size)
+        train, sampler = self.epochs(self.epoch)
+        batches = sampler.batches(self.epoch, self.world.rank, self.world.size)
         self.epoch_batches = len(batches)
         # The loss of an optimizer step is normalised by the target tokens of the whole step: all its
         # micro-batches on all ranks (loss.py). Every rank computes the same totals.
-        every_rank = self.sampler.batches(self.epoch)[:len(batches) * self.world.size]
-        step_tokens = loss.step_tokens(every_rank, self.data.train.tgt_lens, t.accumulate * self.world.size)
+        every_rank = sampler.batches(self.epoch)[:len(batches) * self.world.size]
+        step_tokens = loss.step_tokens(every_rank, train.tgt_lens, t.accumulate * self.world.size)
         self.model.train()
         self.validated_at_step = False
         window = Window()
@@ -202,7 +196,7 @@ class Trainer:
                    disable=not t.progress or not self.world.is_main, dynamic_ncols=True, leave=False)
         with bar:
             for index in range(self.batch_in_epoch, len(batches)):
-                batch = self.data.train.batch(batches[index]).to(self.device)
+                batch = train.batch(batches[index]).to(self.device)
                 ends_step = (index + 1) % t.accumulate == 0 or index + 1 == len(batches)
                 value = self.train_step(batch, index, step_tokens[index // t.accumulate], ends_step)
                 self.batch_in_epoch = index + 1

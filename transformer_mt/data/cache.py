@@ -50,7 +50,8 @@ def cache_key(cfg: DatasetConfig, tok_cfg: TokenizerConfig, fingerprint: dict[st
               vocab: Vocabulary | None = None) -> str:
     """sha256 of what decides the cached content (not min_len/max_len: they are applied after)."""
     fields = ("name", "src_lang", "tgt_lang", "max_pairs", "valid_size", "test_size", "split_seed")
-    tokenizer = (dataclasses.asdict(tok_cfg) if vocab is None
+    sampling = ("dropout", "alpha")  # how training re-segments each epoch, not what is cached
+    tokenizer = ({k: v for k, v in dataclasses.asdict(tok_cfg).items() if k not in sampling} if vocab is None
                  else {"vocab_sha256": _sha256_json(vocab.to_json())})
     return _sha256_json({"format": CACHE_FORMAT, "source": fingerprint, "tokenizer": tokenizer,
                          "dataset": {f: getattr(cfg, f) for f in fields}})

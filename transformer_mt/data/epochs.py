@@ -1,0 +1,30 @@
+"""What each training epoch trains on: the training pairs and their shuffled token batches.
+
+Without subword regularisation that is the same split every epoch, shuffled anew; with it
+(`tokenizer.dropout`, `tokenizer.alpha`) the pairs are first segmented anew for the epoch
+(segmentation.py), and the batches follow their new lengths.
+"""
+
+from __future__ import annotations
+
+from transformer_mt.data.batching import TokenBatchSampler
+from transformer_mt.data.encode import EncodedSplit
+from transformer_mt.data.segmentation import SubwordSampler
+
+
+class TrainingEpochs:
+    """The split and batch sampler of any epoch; the latest epoch's are kept, since a mid-epoch
+    validation or a resume asks for them again."""
+
+    def __init__(self, train: EncodedSplit, batch_tokens: int, seed: int,
+                 subwords: SubwordSampler | None = None) -> None:
+        self.train, self.batch_tokens, self.seed, self.subwords = train, batch_tokens, seed, subwords
+        self._latest: tuple[int, EncodedSplit, TokenBatchSampler] | None = None
+
+    def __call__(self, epoch: int) -> tuple[EncodedSplit, TokenBatchSampler]:
+        """(pairs, sampler) of `epoch`: the sampler's batches(epoch, ...) index the pairs."""
+        if self._latest is None or (self.subwords is not None and self._latest[0] != epoch):
+            split = self.train if self.subwords is None else self.subwords.resegment(self.train, epoch)
+            sampler = TokenBatchSampler(split.lengths(), self.batch_tokens, seed=self.seed)
+            self._latest = (epoch, split, sampler)
+        return self._latest[1], self._latest[2]
