@@ -39,10 +39,6 @@ def _wait_for(log_file: Path, text: str, proc: subprocess.Popen, timeout: float 
     raise AssertionError(f"'{text}' not seen in {timeout}s")
 
 
-def _weights(path: Path) -> dict[str, torch.Tensor]:
-    return load_checkpoint(path)["model"]
-
-
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
     """An uninterrupted 2-epoch run with a checkpoint after every step."""

@@ -7,9 +7,14 @@ Without subword regularisation that is the same split every epoch, shuffled anew
 
 from __future__ import annotations
 
+import logging
+import time
+
 from transformer_mt.data.batching import TokenBatchSampler
 from transformer_mt.data.encode import EncodedSplit
 from transformer_mt.data.segmentation import SubwordSampler
+
+log = logging.getLogger(__name__)
 
 
 class TrainingEpochs:
@@ -24,7 +29,16 @@ class TrainingEpochs:
     def __call__(self, epoch: int) -> tuple[EncodedSplit, TokenBatchSampler]:
         """(pairs, sampler) of `epoch`: the sampler's batches(epoch, ...) index the pairs."""
         if self._latest is None or (self.subwords is not None and self._latest[0] != epoch):
-            split = self.train if self.subwords is None else self.subwords.resegment(self.train, epoch)
+            split = self.train if self.subwords is None else self._resegment(epoch)
             sampler = TokenBatchSampler(split.lengths(), self.batch_tokens, seed=self.seed)
             self._latest = (epoch, split, sampler)
         return self._latest[1], self._latest[2]
+
+    def _resegment(self, epoch: int) -> EncodedSplit:
+        assert self.subwords is not None
+        started = time.perf_counter()
+        split = self.subwords.resegment(self.train, epoch)
+        plain, sampled = (int(s.src_lens.sum() + s.tgt_lens.sum()) for s in (self.train, split))
+        log.info("epoch %d: training pairs segmented anew, %d tokens (%+.1f%%) in %.1fs", epoch + 1, sampled,
+                 100 * (sampled / max(plain, 1) - 1), time.perf_counter() - started)
+        return split
