@@ -124,12 +124,13 @@ class SubwordSampler:
 
     def _side(self, ids: Ragged, tok: Tokenizer, sampler: BpeDropout | UnigramSampling,
               rng: random.Random) -> Ragged:
-        out: list[int] = []
+        parts = [np.zeros(0, dtype=ids.flat.dtype)]  # one array per chunk: Python ints only for a chunk
         lengths = np.zeros(len(ids), dtype=np.int64)
         normalize, pre_tokenize = tok.normalizer.normalize_str, tok.pre_tokenizer.pre_tokenize_str
         for first in range(0, len(ids), CHUNK):
             chunk = ids[first:first + CHUNK].tolist()
             texts = tok.decode_batch(chunk, skip_special_tokens=False)
+            out: list[int] = []
             for row, (old, text) in enumerate(zip(chunk, texts, strict=True), start=first):
                 new = old
                 if UNK_ID not in old:
@@ -139,8 +140,9 @@ class SubwordSampler:
                         new = old
                 out.extend(new)
                 lengths[row] = len(new)
+            parts.append(np.asarray(out, dtype=ids.flat.dtype))
         offsets = np.concatenate([[0], np.cumsum(lengths)])
-        return Ragged.from_offsets(np.asarray(out, dtype=ids.flat.dtype), offsets)
+        return Ragged.from_offsets(np.concatenate(parts), offsets)
 
 
 def build(vocab: Vocabulary, cfg: TokenizerConfig, seed: int, max_len: int) -> SubwordSampler | None:
