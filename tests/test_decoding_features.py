@@ -43,6 +43,7 @@ def test_prefix_in_the_python_api(tiny_run: Path) -> None:
     assert out[1] == engine.translate(SENTENCES[1], beam_size=4)  # an empty prefix is no prefix
     assert engine.translate(SENTENCES[0], beam_size=1, prefixes="Il") == \
         engine.translate(SENTENCES[0], beam_size=1, prefixes="Il", use_cache=False)
+    assert engine.translate(["", " ", "I am cold."], prefixes=["Il dort", "", ""])[:2] == ["Il dort", ""]
     with pytest.raises(ConfigError, match="2 prefixes for 3 sentences"):
         engine.translate(SENTENCES, prefixes=["a", "b"])
 

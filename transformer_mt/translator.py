@@ -193,12 +193,14 @@ class Translator(TextTranslator):
 
     def translate_nbest(self, sentences: list[str], return_attention: bool = False,
                         prefixes: list[str] | None = None, **options: Any) -> list[list[Translation]]:
-        """n-best translations per sentence (best first); empty input gives one empty translation."""
+        """n-best translations per sentence (best first); empty input gives one translation: its prefix
+        (so every output starts with its prefix), else the empty string."""
         decoding = self._options(**options)
         ids = self.encode(sentences)
         forced = self.prefix_ids(sentences, prefixes, decoding)
         real = [i for i, s in enumerate(sentences) if s.strip()]
-        results: list[list[Translation]] = [[Translation("", 0.0)] for _ in sentences]
+        nothing = self.vocab.decode_tgt(forced) if forced else [""] * len(sentences)
+        results: list[list[Translation]] = [[Translation(text, 0.0)] for text in nothing]
         if not real:
             return results
         hyps = decode_ids(self.model, [ids[i] for i in real], decoding, self.device,
