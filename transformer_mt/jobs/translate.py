@@ -1,7 +1,8 @@
 """The `translate` job: sentences from the command line, a file, a pipe or an interactive prompt.
 
 Output keeps line alignment: one line out per line in (n lines with n-best), an empty line for an
-empty line (or its prefix, with one). Lines are translated in chunks so a large file streams instead of filling memory.
+empty line (or its prefix, with one). Lines are translated in chunks so a large file streams instead
+of filling memory.
 """
 
 from __future__ import annotations
