@@ -60,4 +60,3 @@ class WeightAverage:
 def build(model: Transformer, decay: float) -> WeightAverage | None:
     """The run's weight average, or None when `training.ema_decay` is 0."""
     return WeightAverage(model, decay) if decay > 0 else None
-

@@ -25,6 +25,7 @@ HPARAMS = ("model.d_model", "model.n_heads", "model.d_ff", "model.encoder_layers
            "training.warmup_steps", "training.batch_tokens", "training.accumulate",
            "training.label_smoothing", "training.epochs", "dataset.max_pairs", "seed")
 
+
 @dataclasses.dataclass
 class Window:
     """Loss and target tokens since the last progress line."""

@@ -84,7 +84,8 @@ class Trainer:
         subwords = subword_sampler(self.vocab, cfg.tokenizer, cfg.seed, cfg.dataset.max_len)
         self.epochs = TrainingEpochs(self.data.train, t.batch_tokens, cfg.seed, subwords)
         self.clock = TrainingClock(t.max_minutes, now=clock)  # before the schedule, which reads it
-        # This rank's batches per epoch (re-segmented epochs differ from the first by a few at most)
+        # This rank's batches per epoch: epoch 0's even when resuming, so that the schedule is the same
+        # (re-segmented epochs differ from it by a few batches at most)
         self.epoch_batches = self.epochs(0)[1].num_batches(self.world.size)
         steps_per_epoch = math.ceil(self.epoch_batches / t.accumulate)
         self.scheduler = build_scheduler(self.optimizer, t, steps_per_epoch * t.epochs, self.clock.used)

@@ -199,8 +199,10 @@ class Translator(TextTranslator):
         ids = self.encode(sentences)
         forced = self.prefix_ids(sentences, prefixes, decoding)
         real = [i for i, s in enumerate(sentences) if s.strip()]
-        nothing = self.vocab.decode_tgt(forced) if forced else [""] * len(sentences)
-        results: list[list[Translation]] = [[Translation(text, 0.0)] for text in nothing]
+        results: list[list[Translation]] = [[Translation("", 0.0)] for _ in sentences]
+        empty = [i for i, s in enumerate(sentences) if not s.strip() and forced and forced[i]]
+        for i, text in zip(empty, self.vocab.decode_tgt([forced[i] for i in empty]) if empty else []):
+            results[i] = [Translation(text, 0.0)]
         if not real:
             return results
         hyps = decode_ids(self.model, [ids[i] for i in real], decoding, self.device,

@@ -63,7 +63,6 @@ class UnigramSampling:
     approaches the Viterbi segmentation that `tokenizers` computes."""
 
     def __init__(self, spec: dict, alpha: float) -> None:
-        self.alpha = alpha
         self.ids = {piece: i for i, (piece, _) in enumerate(spec["vocab"])}
         self.scores = {piece: score * alpha for i, (piece, score) in enumerate(spec["vocab"])
                        if i != spec["unk_id"] and not (piece.startswith("<") and piece.endswith(">"))}
