@@ -7,8 +7,9 @@ bash scripts/setup.sh
 source .venv/bin/activate
 run_dir=saved_weights/quickstart-$(date +%Y%m%d-%H%M%S)
 # The 2-core CPU recipe (configs/experiment/tatoeba_cpu.yaml) on an 8-minute budget, its warm-up scaled
-# down to match: about 20 validation BLEU (40 minutes give 36; README "Results").
+# down to match. What it reaches on which machine: docs/results.md.
 transformer-mt train experiment=tatoeba_cpu training.max_minutes=8 training.warmup_steps=400 \
   training.valid_every_steps=400 checkpoint.dir="$run_dir" "$@"
 printf '%s\n' "He is sleeping." "I am cold." "Where is the station?" "I love you." "We're going to the beach tomorrow." \
   | transformer-mt translate checkpoint="$run_dir" decoding.beam_size=5
+echo "The run is in $run_dir. What the recipe reaches: docs/results.md; the next commands: README.md, \"Using it\"."

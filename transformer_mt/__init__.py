@@ -11,7 +11,8 @@ The Python API is the command line's, in this process:
     >>> engine = tmt.Translator.from_checkpoint("runs/try")         # load once, translate many
     >>> engine.translate(["I am cold.", "Where is the station?"], beam_size=5)
 
-Nothing heavy is imported until it is used, so `transformer-mt --help` stays fast.
+Nothing heavy is imported until it is used, so `transformer-mt --help` stays fast. What each module
+of the package owns: docs/architecture.md.
 """
 
 from __future__ import annotations

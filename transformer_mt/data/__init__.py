@@ -1,12 +1,7 @@
-"""Parallel text, from files to batches.
+"""Parallel text, from files to batches: corpora of any source, the leak-free split, the encoded corpus
+cached on disk, and the token batches of training and decoding.
 
-corpora.py   where pairs come from: Tatoeba files of any pair, parallel files or a TSV, Hugging Face
-             datasets, and UTF-8 text in general
-split.py     the leak-free train/valid/test split, and reading a run's split files
-cache.py     the encoded corpus on disk: built in streaming passes, memory-mapped
-ragged.py    token ids of many sentences in one flat array
-encode.py    `prepare_data`, the data side of a run
-batching.py  token batches for training and decoding, padding, the tensors of a step
+This module holds the names other packages import; what each module owns: docs/architecture.md.
 """
 
 from transformer_mt.data.batching import (

@@ -1,9 +1,6 @@
-"""The Transformer of "Attention Is All You Need", in torch only.
+"""The Transformer of "Attention Is All You Need", in torch only, and ensembles of it.
 
-attention.py   multi-head attention, its masks and the decoder's key/value cache
-dropout.py     dropout with a cheap CPU mask
-transformer.py the embeddings, positions, layers, encoder, decoder and the whole model
-ensemble.py    several models decoding as one (their averaged probabilities)
+What each module owns: docs/architecture.md.
 """
 
 from transformer_mt.model.attention import DecoderCache, MultiHeadAttention
