@@ -37,7 +37,7 @@ import torch.nn as nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for tests.reference, the nn.Transformer the tests compare us with
 
-from tests.reference import TorchReference  # noqa: E402
+from transformer_mt.model.reference import TorchReference  # noqa: E402
 from transformer_mt.checkpoint import build_model  # noqa: E402
 from transformer_mt.config import DecodingConfig, ModelConfig, TrainConfig  # noqa: E402
 from transformer_mt.data import PreparedData, TokenBatchSampler, load_split_tsv, prepare_data  # noqa: E402
