@@ -60,7 +60,7 @@ class TorchReference(nn.Module):
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V)."""
         src_pad, tgt_pad = src.eq(self.pad_id), tgt_in.eq(self.pad_id)
-        causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.size(1), dtype=torch.bool)
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.size(1), tgt_in.device, torch.bool)
         out = self.core(self._embed(src), self._embed(tgt_in), tgt_mask=causal,
                         src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_pad,
                         memory_key_padding_mask=src_pad, tgt_is_causal=True)
