@@ -98,8 +98,13 @@ def model_speeds(b: Bench) -> dict[str, Any]:
     rounds. Our utilisation of the matmul peak (MFU) at the padded shapes."""
     c, vocab_size = b.cfg.model, b.data.vocab.tgt_vocab_size
     no_dropout = dataclasses.replace(c, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
-    ours: Callable[[ModelConfig], nn.Module] = lambda m: build_model(m, b.data.vocab)  # noqa: E731
-    ref: Callable[[ModelConfig], nn.Module] = lambda m: TorchReference(m, vocab_size, PAD_ID)  # noqa: E731
+
+    def ours(m: ModelConfig) -> nn.Module:
+        return build_model(m, b.data.vocab)
+
+    def ref(m: ModelConfig) -> nn.Module:
+        return TorchReference(m, vocab_size, PAD_ID)
+
     bf16 = b.device.type == "cpu" and (native_bf16() or b.args.cheap_wins)
     settings = [("ours", ours, c, b.dtype), ("ref", ref, c, b.dtype)]
     settings += [("ours_bf16", ours, c, torch.bfloat16)] if bf16 else []
@@ -113,8 +118,7 @@ def model_speeds(b: Bench) -> dict[str, Any]:
     rounds = 1 if b.args.quick else b.args.rounds
     seconds, tokens = fastest(models, b.batches, b.device, rounds)
     rate = {name: tokens / s for name, s in seconds.items()}
-    peak = matmul_peak_gflops(b.device, b.dtype or torch.float32,
-                              b.size(1024, 2048) * (4 if b.device.type == "cuda" else 1))
+    peak = matmul_peak_gflops(b.device, b.dtype or torch.float32, 8192 if b.device.type == "cuda" else 2048)
     gflops = training_flops(c, vocab_size, b.batches) / seconds["ours"] / 1e9
     src_tokens = float(sum(x.n_src_tokens for x in b.batches))
     return {
