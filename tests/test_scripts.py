@@ -55,22 +55,38 @@ GPU_KEYS = ("train_loop_tgt_tok_s", "train_first_epoch_tgt_tok_s", "bare_step_tg
             "beam5_sent_s", "peak_mem_gib")
 
 
-def test_benchmark_quick_writes_every_figure(tiny_run: Path, corpus: Path, tmp_path: Path) -> None:
+def _benchmark_quick(device: str, run: Path, corpus: Path, tmp_path: Path) -> dict:
+    """`benchmark.py --quick` on the tiny model and data of `run`, checked; its JSON."""
     out = tmp_path / "bench.json"
-    result = subprocess.run([sys.executable, str(SCRIPTS / "benchmark.py"), "--quick", "--device", "cpu",
-                             "--checkpoint", str(tiny_run), "--out", str(out), "--",
-                             *tiny_overrides(corpus, tiny_run)], capture_output=True, text=True, timeout=300)
+    overrides = tiny_overrides(corpus, run, **{"device.num_threads": 1})  # one thread: robust on a busy CPU
+    result = subprocess.run([sys.executable, str(SCRIPTS / "benchmark.py"), "--quick", "--device", device,
+                             "--threads", "1", "--checkpoint", str(run), "--out", str(out), "--", *overrides],
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     r = json.loads(out.read_text())
-    assert r["device"] == "cpu" and r["device_name"]
+    assert r["device"] == device and r["device_name"]
     for key in (*GPU_KEYS, "train_tgt_tok_s", "train_tgt_tok_s_nn_transformer", "matmul_peak_gflops",
-                "train_utilisation", "peak_rss_train_mib", "peak_rss_translate_mib", "greedy_nocache_sent_s"):
+                "train_utilisation", "greedy_nocache_sent_s"):
         assert isinstance(r[key], float) and r[key] > 0, key
     assert r["loop_epochs"] == 2 and r["loop_batches_per_epoch"] == 3  # the short epochs of --quick
     assert 0 <= r["loop_overhead_frac"] <= 1 and 0 <= r["padding_frac"] < 1
-    assert r["decode_checkpoint"] == str(tiny_run)
-    assert r["decode_sentences"] == len(load_split_tsv(tiny_run / "split" / "test.tsv")[0])  # all (< 200)
+    assert r["decode_checkpoint"] == str(run)
+    assert r["decode_sentences"] == len(load_split_tsv(run / "split" / "test.tsv")[0])  # all (< 200)
     assert "| train loop, first epoch (target tokens/s) |" in result.stdout
+    return r
+
+
+def test_benchmark_quick_writes_every_figure(tiny_run: Path, corpus: Path, tmp_path: Path) -> None:
+    r = _benchmark_quick("cpu", tiny_run, corpus, tmp_path)
+    assert r["peak_rss_train_mib"] > 0 and r["peak_rss_translate_mib"] > 0  # child processes, CPU only
+
+
+@pytest.mark.gpu
+def test_benchmark_quick_on_cuda(tiny_run: Path, corpus: Path, tmp_path: Path) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    r = _benchmark_quick("cuda", tiny_run, corpus, tmp_path)
+    assert r["precision"] in ("bfloat16", "float16") and r["peak_rss_train_mib"] is None
 
 
 def test_benchmark_refuses_cuda_without_it_in_one_line(script, capsys: pytest.CaptureFixture) -> None:
