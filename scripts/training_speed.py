@@ -118,11 +118,15 @@ class FirstBatches:
 
 
 class ShortEpochs:
-    """A trainer's epochs (`Trainer.epochs`) of n batches each; counts each epoch's target tokens."""
+    """A trainer's epochs (`Trainer.epochs`) of n batches each; counts each epoch's target tokens.
+    Everything else the trainer asks of its epochs is theirs."""
 
     def __init__(self, epochs: Callable[[int], tuple[Any, Any]], n: int) -> None:
         self.epochs, self.n = epochs, n
         self.tokens: dict[int, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.epochs, name)
 
     def __call__(self, epoch: int) -> tuple[Any, FirstBatches]:
         """(pairs, sampler) of the epoch, its sampler cut short."""
