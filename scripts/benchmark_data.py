@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from timing import machine  # beside this script
 
-ROOT = Path(__file__).resolve().parents[1]
+from transformer_mt.tables import markdown_table
 
 
 def write_corpus(folder: Path, n: int, seed: int = 0) -> tuple[Path, Path]:
@@ -92,37 +93,48 @@ def child(mode: str, src: str, tgt: str, cache: str) -> None:
 
 def run_child(*args: str) -> dict:
     out = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True,
-                         check=True, cwd=ROOT)
+                         check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def measure(n: int, folder: Path) -> dict:
+    """Write a corpus of n pairs into folder, prepare it, then start from its cache: one row."""
+    folder.mkdir()
+    src, tgt = write_corpus(folder, n)
+    build = run_child("build", str(src), str(tgt), str(folder / "cache"))
+    start = run_child("start", str(src), str(tgt), str(folder / "cache"))
+    return {"pairs": n, "corpus_mib": (src.stat().st_size + tgt.stat().st_size) / 2**20,
+            "prepare_seconds": build["seconds"], "pairs_per_s": n / build["seconds"],
+            "prepare_peak_rss_mib": build["peak_rss_mib"], "prepare_peak_anon_mib": build["peak_anon_mib"],
+            "start_from_cache_seconds": start["seconds"], "start_peak_rss_mib": start["peak_rss_mib"],
+            "start_peak_anon_mib": start["peak_anon_mib"]}
+
+
+def table(rows: list[dict]) -> str:
+    """The rows as a Markdown table."""
+    header = ["pairs", "corpus (MiB)", "prepare (s)", "pairs/s", "prepare: peak RSS / anonymous (MiB)",
+              "start from cache (s)", "start: peak RSS / anonymous (MiB)"]
+    cells = [[f"{r['pairs']:,}", f"{r['corpus_mib']:.0f}", f"{r['prepare_seconds']:.1f}",
+              f"{r['pairs_per_s']:,.0f}",
+              f"{r['prepare_peak_rss_mib']:.0f} / {r['prepare_peak_anon_mib']:.0f}",
+              f"{r['start_from_cache_seconds']:.1f}",
+              f"{r['start_peak_rss_mib']:.0f} / {r['start_peak_anon_mib']:.0f}"] for r in rows]
+    return markdown_table(header, cells, align="r" * len(header))
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[200_000, 1_000_000, 4_000_000])
     parser.add_argument("--out", type=Path, default=Path("benchmark_data.json"))
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         child(*args.child)
-        return
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from benchmark import machine
-
+        return 0
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.sizes:
-            folder = Path(tmp) / str(n)
-            folder.mkdir()
-            src, tgt = write_corpus(folder, n)
-            build = run_child("build", str(src), str(tgt), str(folder / "cache"))
-            start = run_child("start", str(src), str(tgt), str(folder / "cache"))
-            rows.append({"pairs": n, "corpus_mib": (src.stat().st_size + tgt.stat().st_size) / 2**20,
-                         "prepare_seconds": build["seconds"], "pairs_per_s": n / build["seconds"],
-                         "prepare_peak_rss_mib": build["peak_rss_mib"],
-                         "prepare_peak_anon_mib": build["peak_anon_mib"],
-                         "start_from_cache_seconds": start["seconds"],
-                         "start_peak_rss_mib": start["peak_rss_mib"],
-                         "start_peak_anon_mib": start["peak_anon_mib"]})
+            rows.append(measure(n, Path(tmp) / str(n)))
             print(json.dumps(rows[-1]), flush=True)
     smallest = rows[0]
     ratio = rows[-1]["prepare_peak_rss_mib"] / smallest["prepare_peak_rss_mib"]
@@ -131,18 +143,11 @@ def main() -> None:
               "anon_ratio_largest_vs_smallest": anon}
     args.out.write_text(json.dumps(result, indent=2))
     print(f"\nMachine: {result['machine']}\n")
-    print("| pairs | corpus (MiB) | prepare (s) | pairs/s | prepare: peak RSS / anonymous (MiB) "
-          "| start from cache (s) | start: peak RSS / anonymous (MiB) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['pairs']:,} | {r['corpus_mib']:.0f} | {r['prepare_seconds']:.1f} | "
-              f"{r['pairs_per_s']:,.0f} | "
-              f"{r['prepare_peak_rss_mib']:.0f} / {r['prepare_peak_anon_mib']:.0f} | "
-              f"{r['start_from_cache_seconds']:.1f} | "
-              f"{r['start_peak_rss_mib']:.0f} / {r['start_peak_anon_mib']:.0f} |")
+    print(table(rows))
     print(f"\npreparing {rows[-1]['pairs']:,} against {smallest['pairs']:,} pairs: peak RSS "
           f"{ratio:.2f}x, peak anonymous memory {anon:.2f}x")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

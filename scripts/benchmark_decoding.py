@@ -15,21 +15,97 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from timing import best_of_rounds, load_warning, machine, native_bf16  # beside this script
 
 from transformer_mt.config import DecodingConfig
 from transformer_mt.data import load_split_tsv
+from transformer_mt.data.split import SPLIT_DIR
 from transformer_mt.metrics import score
+from transformer_mt.tables import markdown_table
 from transformer_mt.translator import Translator
 
-from benchmark import (  # scripts/ is on sys.path when run as a script
-    load_warning,
-    machine,
-    native_bf16,
-    time_decoding,
-)
+
+def run_test_pairs(engine: Translator, n: int) -> tuple[list[str], list[str]]:
+    """The first n (source, reference) pairs of the test split saved with the engine's run."""
+    sources, refs = load_split_tsv(Path(engine.info["checkpoint"]).parent / SPLIT_DIR / "test.tsv")
+    return sources[:n], refs[:n]
+
+
+def time_decoding(engine: Translator, sources: list[str],
+                  settings: dict[str, tuple[DecodingConfig, torch.dtype | None]],
+                  rounds: int) -> dict[str, tuple[float, list[str]]]:
+    """Best seconds and the translations of `sources` with each (decoding, autocast dtype) setting of a
+    Translator."""
+    from transformer_mt.runtime import Precision
+
+    def runner(decoding: DecodingConfig, dtype: torch.dtype | None) -> Callable[[], list[str]]:
+        def run() -> list[str]:
+            engine.decoding, engine.precision = decoding, Precision(dtype, "benchmark")
+            return engine.translate(sources)
+        return run
+
+    for _, dtype in settings.values():  # warm-up of each precision: allocator, thread pool, weight casts
+        runner(DecodingConfig(beam_size=1), dtype)()
+    return best_of_rounds({name: runner(*setting) for name, setting in settings.items()}, rounds)
+
+
+def searches(bf16: bool) -> dict[str, tuple[DecodingConfig, torch.dtype | None]]:
+    """The searches compared, each with its autocast dtype: uncached greedy (the whole prefix recomputed
+    every step), cached greedy and beam 5 in float32, and with bf16 both cached ones under bf16 too."""
+    greedy, beam5 = DecodingConfig(beam_size=1), DecodingConfig(beam_size=5)
+    settings = {"greedy_nocache": (dataclasses.replace(greedy, use_cache=False), None),
+                "greedy_cache": (greedy, None), "beam5": (beam5, None)}
+    if bf16:
+        settings |= {"greedy_cache_bf16": (greedy, torch.bfloat16), "beam5_bf16": (beam5, torch.bfloat16)}
+    return settings
+
+
+def decoding_speeds(checkpoint: Path, n: int, device: torch.device, rounds: int = 1,
+                    bf16: bool = False) -> dict[str, float]:
+    """Sentences/s of uncached greedy, cached greedy and beam 5 on the run's own test sentences, in
+    float32; with bf16, cached greedy and beam 5 under bf16 autocast too (BLEU against float32)."""
+    engine = Translator.from_checkpoint(checkpoint, device=device, amp="off")
+    sources, refs = run_test_pairs(engine, n)
+    results: dict[str, float] = {"decode_sentences": len(sources), "decode_rounds": rounds}
+    for name, (seconds, hyps) in time_decoding(engine, sources, searches(bf16), rounds).items():
+        results[f"{name}_sent_s"] = len(sources) / seconds
+        results[f"{name}_bleu"] = score(hyps, refs).bleu
+    results["greedy_sent_s"] = results["greedy_cache_sent_s"]  # what a user gets: the cached search
+    if device.type == "cpu":
+        results.update(ct2_speeds(checkpoint, sources, refs, results["beam5_bleu"]))
+    return results
+
+
+def ct2_speeds(checkpoint: Path, sources: list[str], refs: list[str], beam5_bleu: float) -> dict:
+    """CTranslate2 beam 5 in int8 and float32, exact (PyTorch-identical search) and fast, when the
+    `ct2` extra is installed. The contract's `ct2_int8_beam5_sent_s` is int8 with `ct2_exact=false`."""
+    try:
+        import ctranslate2  # noqa: F401
+
+        from transformer_mt.ct2 import CT2Translator, export_ctranslate2
+    except ImportError:
+        return {"ct2_int8_beam5_sent_s": None, "ct2_bleu_delta": None}
+    results: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for quantization in ("int8", "float32"):
+            model_dir = export_ctranslate2(checkpoint, Path(tmp) / quantization, quantization=quantization)
+            for exact in (False, True):
+                engine = CT2Translator.from_dir(model_dir, exact=exact)
+                engine.translate(sources[:8], beam_size=5)
+                start = time.perf_counter()
+                hyps = engine.translate(sources, beam_size=5)
+                name = f"ct2_{quantization}_beam5{'_exact' if exact else ''}"
+                results[f"{name}_sent_s"] = len(sources) / (time.perf_counter() - start)
+                results[f"{name}_bleu_delta"] = score(hyps, refs).bleu - beam5_bleu
+    results["ct2_bleu_delta"] = results["ct2_int8_beam5_bleu_delta"]
+    return results
 
 
 def measure(engine: Translator, sources: list[str], refs: list[str],
@@ -44,30 +120,22 @@ def measure(engine: Translator, sources: list[str], refs: list[str],
     return results
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("checkpoint", help="checkpoint file or run directory")
     parser.add_argument("--sentences", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=3, help="best of this many interleaved rounds")
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     engine = Translator.from_checkpoint(args.checkpoint, device="cpu", amp="off")
-    split = Path(engine.info["checkpoint"]).parent / "split" / "test.tsv"
-    sources, refs = load_split_tsv(split)
-    sources, refs = sources[: args.sentences], refs[: args.sentences]
+    sources, refs = run_test_pairs(engine, args.sentences)
     warning = load_warning()
     if warning:
         print(f"warning: {warning}")
-    base = DecodingConfig(beam_size=1, n_best=1)
-    beam5 = dataclasses.replace(base, beam_size=5)
-    settings = {"greedy_nocache": (dataclasses.replace(base, use_cache=False), None),
-                "greedy_cache": (base, None), "beam5": (beam5, None)}
-    if native_bf16():  # what device.amp=auto decodes with on this CPU
-        settings |= {"greedy_cache_bf16": (base, torch.bfloat16), "beam5_bf16": (beam5, torch.bfloat16)}
-    results = measure(engine, sources, refs, settings, args.rounds)
+    results = measure(engine, sources, refs, searches(native_bf16()), args.rounds)  # bf16: as amp=auto
     summary = {
         "machine": machine(),
         "checkpoint": engine.info["checkpoint"],
@@ -78,17 +146,17 @@ def main() -> None:
         "beam5_cost_vs_greedy": results["greedy_cache"]["sent_s"] / results["beam5"]["sent_s"],
         "warning": warning,
     }
-    print(f"machine: {summary['machine']}; {len(sources)} test sentences from {split}; "
-          f"best of {args.rounds} interleaved rounds")
-    print("| decoding | sentences/s | tokens/s | BLEU | chrF |")
-    print("|---|---:|---:|---:|---:|")
-    for name, r in results.items():
-        print(f"| {name} | {r['sent_s']:.1f} | {r['tok_s']:.0f} | {r['bleu']:.2f} | {r['chrf']:.2f} |")
+    print(f"machine: {summary['machine']}; {len(sources)} test sentences of {summary['checkpoint']}'s "
+          f"run; best of {args.rounds} interleaved rounds")
+    rows = [[name, f"{r['sent_s']:.1f}", f"{r['tok_s']:.0f}", f"{r['bleu']:.2f}", f"{r['chrf']:.2f}"]
+            for name, r in results.items()]
+    print(markdown_table(["decoding", "sentences/s", "tokens/s", "BLEU", "chrF"], rows))
     print(f"cached greedy is {summary['cache_speedup']:.2f}x uncached greedy; "
           f"beam 5 costs {summary['beam5_cost_vs_greedy']:.2f}x cached greedy")
     if args.out:
         args.out.write_text(json.dumps(summary, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -25,13 +25,11 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+from timing import load_warning, machine  # beside this script
 
-from transformer_mt.data import load_split_tsv  # noqa: E402
-
-from benchmark import load_warning, machine  # noqa: E402
+from transformer_mt.data import load_split_tsv
+from transformer_mt.data.split import SPLIT_DIR
+from transformer_mt.tables import markdown_table
 
 MODES = {"batching on": "batching.enabled=true", "batching off": "batching.enabled=false"}
 
@@ -40,7 +38,7 @@ def start_server(checkpoint: str, overrides: list[str]) -> tuple[subprocess.Pope
     """A `transformer-mt serve` process on a free port; its host and port once it accepts connections."""
     command = [sys.executable, "-m", "transformer_mt", "serve", f"checkpoint={checkpoint}", "port=0",
                *overrides]
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -129,17 +127,17 @@ def measure(checkpoint: str, mode: str, extra: list[str], sentences: list[str], 
             proc.kill()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("checkpoint", help="checkpoint file or run directory (with its split/test.tsv)")
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--requests", type=int, default=16, help="requests per client")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("overrides", nargs="*", help="serve overrides for both modes (after --)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     run = Path(args.checkpoint)
     run = run if run.is_dir() else run.parent
-    sentences, _ = load_split_tsv(run / "split" / "test.tsv")
+    sentences, _ = load_split_tsv(run / SPLIT_DIR / "test.tsv")
     warning = load_warning()
     results = {mode: measure(args.checkpoint, mode, args.overrides, sentences, args.clients, args.requests)
                for mode in MODES}
@@ -149,18 +147,18 @@ def main() -> None:
         print(f"warning: {warning}")
     print(f"{args.clients} clients x {args.requests} one-sentence requests; overrides: "
           f"{' '.join(args.overrides) or '(serve defaults)'}\n")
-    print("| mode | sentences/s | p50 latency (ms) | p95 latency (ms) | mean decoding batch |")
-    print("|---|---:|---:|---:|---:|")
-    for mode, r in results.items():
-        print(f"| {mode} | {r['sent_s']:.1f} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} | "
-              f"{r['mean_batch']:.1f} |")
+    rows = [[mode, f"{r['sent_s']:.1f}", f"{r['p50_ms']:.0f}", f"{r['p95_ms']:.0f}", f"{r['mean_batch']:.1f}"]
+            for mode, r in results.items()]
+    header = ["mode", "sentences/s", "p50 latency (ms)", "p95 latency (ms)", "mean decoding batch"]
+    print(markdown_table(header, rows))
     print(f"\ncross-request batching: {speedup:.2f}x the sentences/s of batching off")
     if args.out:
         args.out.write_text(json.dumps({"machine": machine(), "clients": args.clients,
                                         "requests_per_client": args.requests, "overrides": args.overrides,
                                         "results": results, "speedup": speedup, "warning": warning},
                                        indent=2) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -2,8 +2,9 @@
 
     python scripts/results_table.py saved_weights/RUN_A saved_weights/RUN_B
 
-Reads each run's eval/*.json (written by `transformer-mt evaluate`) and prints one row per report,
-with the run's direction, training minutes and the sacrebleu signatures underneath.
+Reads each run's result.json (written when training ends: its direction and training time) and its
+eval/*.json (written by `transformer-mt evaluate`), and prints one row per report, with the sacrebleu
+signatures underneath.
 """
 
 from __future__ import annotations
@@ -13,15 +14,27 @@ import json
 import sys
 from pathlib import Path
 
+from transformer_mt.records import RESULT
+from transformer_mt.tables import markdown_table
+
+HEADER = ["direction", "checkpoint", "search", "BLEU", "chrF", "CER", "WER", "sentences", "sent/s",
+          "train min"]
+
 
 def run_facts(run_dir: Path) -> tuple[str, float]:
-    """('en→fr', training minutes) from the run's metrics.jsonl and .hydra config."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-    minutes = max(r["train_minutes"] for r in records)
-    config = (run_dir / ".hydra" / "config.yaml").read_text()
-    langs = {k: v for k, v in (line.strip().split(": ", 1) for line in config.splitlines()
-                               if line.strip().startswith(("src_lang:", "tgt_lang:")))}
-    return f"{langs.get('src_lang', '?')}→{langs.get('tgt_lang', '?')}", minutes
+    """('en→fr', training minutes) from the run's result.json."""
+    path = run_dir / RESULT
+    if not path.is_file():
+        raise SystemExit(f"error: no {RESULT} in {run_dir}: give run directories whose training has ended")
+    result = json.loads(path.read_text(encoding="utf-8"))
+    return f"{result['src_lang']}→{result['tgt_lang']}", result["train_seconds"] / 60
+
+
+def report_row(direction: str, minutes: float, r: dict) -> list[str]:
+    """One evaluation report as a row of the table."""
+    return [direction, Path(r["checkpoint"]).name, r["search"], f"{r['bleu']:.2f}", f"{r['chrf']:.2f}",
+            f"{r['cer']:.3f}", f"{r['wer']:.3f}", str(r["n"]), f"{r['sentences_per_s']:.0f}",
+            f"{minutes:.1f}"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,14 +52,10 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         for path in reports:
-            r = json.loads(path.read_text())
+            r = json.loads(path.read_text(encoding="utf-8"))
             signatures.add(f"BLEU {r['bleu_signature']}; chrF {r['chrf_signature']}")
-            rows.append(f"| {direction} | {Path(r['checkpoint']).name} | {r['search']} | {r['bleu']:.2f} | "
-                        f"{r['chrf']:.2f} | {r['cer']:.3f} | {r['wer']:.3f} | {r['n']} | "
-                        f"{r['sentences_per_s']:.0f} | {minutes:.1f} |")
-    print("| direction | checkpoint | search | BLEU | chrF | CER | WER | sentences | sent/s | train min |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    print("\n".join(rows))
+            rows.append(report_row(direction, minutes, r))
+    print(markdown_table(HEADER, rows, align="lll" + "r" * (len(HEADER) - 3)))
     print()
     for signature in sorted(signatures):
         print(f"Signatures: {signature}")

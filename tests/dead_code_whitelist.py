@@ -46,3 +46,8 @@ invalid
 health
 # jobs/serve.py: uvicorn.Server calls its capture_signals, which the serve job overrides.
 _.capture_signals
+# model/reference.py: nn.TransformerEncoder's settings (read by torch), and `from_model`, which the tests
+# call to load our weights into the reference.
+_.enable_nested_tensor
+_.use_nested_tensor
+_.from_model

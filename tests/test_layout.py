@@ -1,10 +1,11 @@
 """The house rules that keep the code readable: small modules, imports that flow one way, no dead code,
-config files that state only what differs from the schema."""
+config files that state only what differs from the schema; scripts/ under the same size rules."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from tests.conftest import ROOT
 from transformer_mt.config import SCHEMAS
 
 PACKAGE = ROOT / "transformer_mt"
+SCRIPTS = ROOT / "scripts"
 JOBS = {"transformer_mt.jobs.train", "transformer_mt.jobs.evaluate", "transformer_mt.jobs.translate",
         "transformer_mt.jobs.export", "transformer_mt.jobs.serve"}
 TOP = {"transformer_mt", "transformer_mt.cli", "transformer_mt.composition", "transformer_mt.__main__"}
@@ -50,8 +52,13 @@ def _imports(path: Path) -> set[str]:
     return {name for name in found if name in modules}
 
 
+def _sources() -> dict[str, Path]:
+    """The package's modules and the Python files of scripts/."""
+    return {**_modules(), **{f"scripts/{p.name}": p for p in sorted(SCRIPTS.glob("*.py"))}}
+
+
 def test_modules_and_functions_are_small() -> None:
-    for name, path in _modules().items():
+    for name, path in _sources().items():
         source = path.read_text(encoding="utf-8")
         assert len(source.splitlines()) <= 400, f"{name} has {len(source.splitlines())} lines"
         for node in ast.walk(ast.parse(source)):
@@ -80,6 +87,31 @@ def test_imports_flow_one_way() -> None:
         ready = {n for n, deps in graph.items() if n not in placed and deps <= placed | {n}}
         assert ready, f"an import cycle among {sorted(set(graph) - placed)}"
         placed |= ready
+
+
+def test_scripts_run_against_the_installed_package() -> None:
+    """Scripts neither edit sys.path nor import from tests/: `python scripts/x.py` imports the installed
+    package, and a sibling (timing.py) from the script's own directory, which Python puts on sys.path."""
+    for path in sorted(SCRIPTS.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr == "path":
+                assert getattr(node.value, "id", None) != "sys", f"{path.name}:{node.lineno} uses sys.path"
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            tests = [n for n in names if n.split(".")[0] == "tests"]
+            assert not tests, f"{path.name}:{node.lineno} imports {tests}"
+
+
+def test_one_markdown_table_writer() -> None:
+    """Markdown tables come from transformer_mt/tables.py: no other module or script spells out the
+    separator row of one (`|---|`, `---:`)."""
+    separator = re.compile(r"\|\s*:?-{3,}|^:?-{3,}:?$")
+    for name, path in _sources().items():
+        if name == "transformer_mt.tables":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                assert not separator.search(node.value), f"{name}:{node.lineno} writes a Markdown table"
 
 
 def test_the_package_imports_without_torch() -> None:

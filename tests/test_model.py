@@ -9,9 +9,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tests.reference import TorchReference
 from transformer_mt.config import ModelConfig
 from transformer_mt.model import MultiHeadAttention, Transformer
+from transformer_mt.model.reference import TorchReference
 
 PAD, BOS, EOS = 0, 1, 2
 V, D, H, FF = 50, 32, 4, 64

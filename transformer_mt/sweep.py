@@ -23,6 +23,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from transformer_mt.records import RESULT
+from transformer_mt.tables import markdown_table
 
 log = logging.getLogger(__name__)
 POINTERS = ".runs"  # <sweep dir>/.runs/<job number>: the directory of a job that lies elsewhere
@@ -77,9 +78,8 @@ def markdown(results: list[dict[str, Any]], sweep_dir: Path) -> str:
     """A Markdown table, one row per job; overrides shown are those that differ between jobs."""
     rows = _rows(results, sweep_dir, short=True)
     varying = _varying(results)
-    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "|".join("---:" if h not in ("overrides", "checkpoint")
-                                                              else "---" for h in HEADERS) + "|"]
-    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    lines = [markdown_table(HEADERS, rows, align="".join("l" if h in ("overrides", "checkpoint") else "r"
+                                                         for h in HEADERS))]
     scored = [r for r in results if math.isfinite(r["best_value"])]
     if scored:
         higher = scored[0]["higher_is_better"]

@@ -1,21 +1,23 @@
 """torch.nn.Transformer dressed as our model: the independent reference of the tests and benchmarks.
 
-The tests load our weights into it and compare outputs; `scripts/benchmark.py` times it against ours
-on the same batches. Embeddings, positions and the tied output projection are the paper's, written
-here without any of our code.
+The tests load our weights into it and compare outputs (tests/test_model.py); `scripts/benchmark.py`
+times it against ours on the same batches. Embeddings, positions and the tied output projection are
+the paper's, written here without any of our code: it imports only torch, like the model.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 from torch import Tensor
 
-from transformer_mt.config import ModelConfig
-from transformer_mt.model import Transformer
+if TYPE_CHECKING:  # types only: the reference shares no code with the model it checks
+    from transformer_mt.config import ModelConfig
+    from transformer_mt.model import Transformer
 
 
 def sinusoid_table(length: int, d: int, dtype: torch.dtype = torch.float64) -> Tensor:
@@ -58,7 +60,7 @@ class TorchReference(nn.Module):
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V)."""
         src_pad, tgt_pad = src.eq(self.pad_id), tgt_in.eq(self.pad_id)
-        causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.size(1), dtype=torch.bool)
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.size(1), tgt_in.device, torch.bool)
         out = self.core(self._embed(src), self._embed(tgt_in), tgt_mask=causal,
                         src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_pad,
                         memory_key_padding_mask=src_pad, tgt_is_causal=True)

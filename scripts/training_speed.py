@@ -1,0 +1,194 @@
+"""Training throughput, measured three ways: bare steps on real batches, bare steps on one fixed shape,
+and the whole `train` loop (data, logging, validation, checkpoints) over short epochs.
+
+Not a script itself: `scripts/benchmark.py` uses it (Python puts a script's own directory first on
+sys.path).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+from timing import synchronize  # beside this script
+
+from transformer_mt.checkpoint import build_model
+from transformer_mt.config import ModelConfig, TrainConfig
+from transformer_mt.data import Batch, PreparedData, TokenBatchSampler
+from transformer_mt.loss import summed_nll
+from transformer_mt.runtime import autocast
+
+
+def forward_flops(c: ModelConfig, vocab_size: int, batch_size: int, src_len: int, tgt_len: int) -> float:
+    """Matmul FLOPs of one forward pass at padded shapes (training ≈ 3× this)."""
+    d, f, B, S, T = c.d_model, c.d_ff, batch_size, src_len, tgt_len
+    enc = B * S * (2 * d * 3 * d + 2 * d * d + 4 * d * f) + 4 * B * S * S * d
+    dec = (B * T * (2 * d * 3 * d + 2 * d * d + 2 * d * d + 2 * d * d + 4 * d * f)
+           + B * S * 2 * d * 2 * d + 4 * B * T * T * d + 4 * B * T * S * d)
+    return c.encoder_layers * enc + c.decoder_layers * dec + 2 * B * T * d * vocab_size
+
+
+def training_flops(c: ModelConfig, vocab_size: int, batches: list[Batch]) -> float:
+    """Matmul FLOPs of training steps (forward and backward) on `batches`."""
+    return 3 * sum(forward_flops(c, vocab_size, b.src.size(0), b.src.size(1), b.tgt_in.size(1))
+                   for b in batches)
+
+
+def real_batches(data: PreparedData, batch_tokens: int, seed: int, n: int) -> list[Batch]:
+    """The first n token batches of the first training epoch, as the training loop cuts them."""
+    batches = TokenBatchSampler(data.train.lengths(), batch_tokens, shuffle=True, seed=seed).batches(0)
+    return [data.train.batch(b) for b in batches[:n]]
+
+
+def time_training(model: nn.Module, batches: list[Batch], device: torch.device,
+                  dtype: torch.dtype | None = None, label_smoothing: float = 0.1) -> tuple[float, float]:
+    """(seconds, target tokens) of forward + backward + AdamW step over `batches` (on `device`, under
+    autocast to dtype when given), after two warm-up steps."""
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+    def step(batch: Batch) -> None:
+        with autocast(device, dtype):
+            logits = model(batch.src, batch.tgt_in)
+        loss = summed_nll(logits, batch.tgt_out, label_smoothing) / batch.n_tgt_tokens
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for batch in batches[:2]:
+        step(batch)
+    synchronize(device)
+    start = time.perf_counter()
+    for batch in batches:
+        step(batch)
+    synchronize(device)
+    return time.perf_counter() - start, float(sum(b.n_tgt_tokens for b in batches))
+
+
+def fastest(models: dict[str, tuple[nn.Module, torch.dtype | None]], batches: list[Batch],
+            device: torch.device, rounds: int) -> tuple[dict[str, float], float]:
+    """Best training seconds of each (model, autocast dtype) over interleaved rounds on the same
+    batches, and the batches' target tokens."""
+    seconds = {name: math.inf for name in models}
+    tokens = 0.0
+    for _ in range(rounds):
+        for name, (model, dtype) in models.items():
+            elapsed, tokens = time_training(model, batches, device, dtype)
+            seconds[name] = min(seconds[name], elapsed)
+    return seconds, tokens
+
+
+def padding_fractions(data: PreparedData, batch_tokens: int, seed: int = 0) -> tuple[float, float]:
+    """Padded share of target positions: our token batches vs random 128-sentence batches."""
+    lengths = data.train.lengths()
+    tgt = lengths[:, 1] + 1  # + eos
+    ours = TokenBatchSampler(lengths, batch_tokens, shuffle=True, seed=seed).batches(0)
+    ours_real = sum(int(tgt[b].sum()) for b in ours)
+    ours_padded = sum(len(b) * int(tgt[b].max()) for b in ours)
+    order = np.random.default_rng(seed).permutation(len(tgt))
+    fixed = [order[i:i + 128] for i in range(0, len(order), 128)]
+    fixed_real = sum(int(tgt[b].sum()) for b in fixed)
+    fixed_padded = sum(len(b) * int(tgt[b].max()) for b in fixed)
+    return 1 - ours_real / ours_padded, 1 - fixed_real / fixed_padded
+
+
+# -- the whole loop --------------------------------------------------------------------------------
+class FirstBatches:
+    """A trainer's batch sampler cut to each epoch's first n batches."""
+
+    def __init__(self, sampler: Any, n: int) -> None:
+        self.sampler, self.n = sampler, n
+
+    def batches(self, epoch: int, rank: int = 0, world_size: int = 1) -> list[list[int]]:
+        """The sampler's batches of the epoch, the first n."""
+        return self.sampler.batches(epoch, rank, world_size)[: self.n]
+
+    def num_batches(self, world_size: int = 1) -> int:
+        """Batches each rank gets per (short) epoch."""
+        return min(self.n, self.sampler.num_batches(world_size))
+
+
+class ShortEpochs:
+    """A trainer's epochs (`Trainer.epochs`) of n batches each; counts each epoch's target tokens.
+    Everything else the trainer asks of its epochs is theirs."""
+
+    def __init__(self, epochs: Callable[[int], tuple[Any, Any]], n: int) -> None:
+        self.epochs, self.n = epochs, n
+        self.tokens: dict[int, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.epochs, name)
+
+    def __call__(self, epoch: int) -> tuple[Any, FirstBatches]:
+        """(pairs, sampler) of the epoch, its sampler cut short."""
+        split, sampler = self.epochs(epoch)
+        short = FirstBatches(sampler, self.n)
+        if epoch not in self.tokens:
+            self.tokens[epoch] = sum(split.batch(b).n_tgt_tokens for b in short.batches(epoch))
+        return split, short
+
+
+def train_loop(cfg: TrainConfig, n_batches: int, epochs: int, amp: str) -> dict[str, float]:
+    """Train `epochs` epochs of `n_batches` batches each with the real loop (validation and a checkpoint
+    after each, as configured) in a temporary directory: the first epoch's and the later epochs' speed
+    (training time only), and the wall time of the whole run."""
+    from transformer_mt.trainer import Trainer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sub = dataclasses.replace(
+            cfg, checkpoint=dataclasses.replace(cfg.checkpoint, dir=tmp),
+            device=dataclasses.replace(cfg.device, amp=amp),
+            training=dataclasses.replace(cfg.training, epochs=epochs, average_last=0, max_minutes=None,
+                                         progress=False))
+        trainer = Trainer(sub, Path(tmp))
+        trainer.epochs = short = ShortEpochs(trainer.epochs, n_batches)
+        seconds: list[float] = []
+        train_epoch = trainer.train_epoch
+
+        def timed_epoch() -> str:
+            synchronize(trainer.device)
+            start = time.perf_counter()
+            reason = train_epoch()
+            synchronize(trainer.device)
+            seconds.append(time.perf_counter() - start)
+            return reason
+
+        trainer.train_epoch = timed_epoch
+        start = time.perf_counter()
+        trainer.fit()
+        wall = time.perf_counter() - start
+    tokens = [short.tokens[epoch] for epoch in range(len(seconds))]
+    later = sum(seconds[1:])
+    return {"loop_epochs": len(seconds), "loop_batches_per_epoch": short.n, "loop_wall_s": wall,
+            "loop_tgt_tokens": float(sum(tokens)),
+            "train_first_epoch_tgt_tok_s": tokens[0] / seconds[0],
+            "train_loop_tgt_tok_s": sum(tokens[1:]) / later if later else None}
+
+
+# -- options that are off by default on a CPU ------------------------------------------------------
+def cheap_wins(model_cfg: ModelConfig, data: PreparedData, batches: list[Batch],
+               device: torch.device) -> dict[str, float]:
+    """Training speed with torch.compile (dynamic shapes) against eager on the same batches; compile
+    time is reported apart (the warm-up steps pay it)."""
+    def fresh() -> nn.Module:
+        torch.manual_seed(0)
+        return build_model(model_cfg, data.vocab).to(device)
+
+    eager_s, tokens = time_training(fresh(), batches, device)
+    compiled = torch.compile(fresh(), dynamic=True)
+    start = time.perf_counter()
+    time_training(compiled, batches[:1], device)  # two warm-up steps of two shapes: static, then dynamic
+    compile_s = time.perf_counter() - start
+    compiled_s, _ = time_training(compiled, batches, device)
+    return {"train_tgt_tok_s_eager": tokens / eager_s,
+            "torch_compile_speedup": eager_s / compiled_s,
+            "torch_compile_seconds": compile_s}

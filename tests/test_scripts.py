@@ -1,0 +1,202 @@
+"""Every script in scripts/ runs on tiny inputs and writes what it promises, so that a change of the
+package's interfaces cannot break one silently; and the test commands install nothing system-wide."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+import transformer_mt as tmt
+from tests.conftest import ROOT, tiny_overrides
+from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.data import load_split_tsv
+from transformer_mt.tables import markdown_table
+
+SCRIPTS = ROOT / "scripts"
+# Every script (a file with a __main__ block) and the test below that runs it.
+TESTED = {"average_checkpoints.py", "benchmark.py", "benchmark_data.py", "benchmark_decoding.py",
+          "benchmark_serve.py", "plot_learning_curve.py", "results_table.py"}
+
+
+@pytest.fixture
+def script(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], ModuleType]:
+    """Import a script by name, as `python scripts/<name>.py` finds its siblings (scripts/ on sys.path)."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    return importlib.import_module
+
+
+def test_every_script_has_a_test_here() -> None:
+    found = {p.name for p in SCRIPTS.glob("*.py") if 'if __name__ == "__main__":' in p.read_text()}
+    assert found == TESTED
+
+
+def test_the_markdown_table_writer() -> None:
+    table = markdown_table(["run", "BLEU"], [["a|b", 1.5], ["c", 20]])
+    assert table.splitlines() == ["| run | BLEU |", "| --- | ---: |", "| a\\|b | 1.5 |", "| c | 20 |"]
+    assert markdown_table(["x", "y"], [], align="rl").splitlines()[1] == "| ---: | --- |"
+    with pytest.raises(ValueError, match="2 columns"):
+        markdown_table(["x", "y"], [["only one"]])
+    with pytest.raises(ValueError, match="align"):
+        markdown_table(["x", "y"], [], align="lc")
+
+
+# -- benchmarks ------------------------------------------------------------------------------------
+GPU_KEYS = ("train_loop_tgt_tok_s", "train_first_epoch_tgt_tok_s", "bare_step_tgt_tok_s", "greedy_sent_s",
+            "beam5_sent_s", "peak_mem_gib")
+
+
+def _benchmark_quick(device: str, run: Path, corpus: Path, tmp_path: Path) -> dict:
+    """`benchmark.py --quick` on the tiny model and data of `run`, checked; its JSON."""
+    out = tmp_path / "bench.json"
+    overrides = tiny_overrides(corpus, run, **{"device.num_threads": 1})  # one thread: robust on a busy CPU
+    result = subprocess.run([sys.executable, str(SCRIPTS / "benchmark.py"), "--quick", "--device", device,
+                             "--threads", "1", "--checkpoint", str(run), "--out", str(out), "--", *overrides],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["device"] == device and r["device_name"]
+    for key in (*GPU_KEYS, "train_tgt_tok_s", "train_tgt_tok_s_nn_transformer", "matmul_peak_gflops",
+                "train_utilisation", "greedy_nocache_sent_s"):
+        assert isinstance(r[key], float) and r[key] > 0, key
+    assert r["loop_epochs"] == 2 and r["loop_batches_per_epoch"] == 3  # the short epochs of --quick
+    assert 0 <= r["loop_overhead_frac"] <= 1 and 0 <= r["padding_frac"] < 1
+    assert r["decode_checkpoint"] == str(run)
+    assert r["decode_sentences"] == len(load_split_tsv(run / "split" / "test.tsv")[0])  # all (< 200)
+    assert "| train loop, first epoch (target tokens/s) |" in result.stdout
+    return r
+
+
+def test_benchmark_quick_writes_every_figure(tiny_run: Path, corpus: Path, tmp_path: Path) -> None:
+    r = _benchmark_quick("cpu", tiny_run, corpus, tmp_path)
+    assert r["peak_rss_train_mib"] > 0 and r["peak_rss_translate_mib"] > 0  # child processes, CPU only
+
+
+@pytest.mark.gpu
+def test_benchmark_quick_on_cuda(tiny_run: Path, corpus: Path, tmp_path: Path) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    r = _benchmark_quick("cuda", tiny_run, corpus, tmp_path)
+    assert r["precision"] in ("bfloat16", "float16") and r["peak_rss_train_mib"] is None
+
+
+def test_benchmark_refuses_cuda_without_it_in_one_line(script, capsys: pytest.CaptureFixture) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert script("benchmark").main(["--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--device cuda" in err
+
+
+def test_benchmark_decoding(script, tiny_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "decoding.json"
+    main = script("benchmark_decoding").main
+    assert main([str(tiny_run), "--sentences", "8", "--rounds", "1", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["sentences"] == 8 and r["rounds"] == 1
+    for key in ("greedy_nocache_sent_s", "greedy_cache_sent_s", "beam5_sent_s", "cache_speedup",
+                "beam5_cost_vs_greedy"):
+        assert r[key] > 0, key
+
+
+def test_benchmark_data(script, tmp_path: Path) -> None:
+    out = tmp_path / "data.json"
+    assert script("benchmark_data").main(["--sizes", "300", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    [row] = r["rows"]
+    assert row["pairs"] == 300 and row["pairs_per_s"] > 0 and row["start_peak_rss_mib"] > 0
+    assert r["rss_ratio_largest_vs_smallest"] == 1.0
+
+
+def test_benchmark_serve(script, tiny_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "serve.json"
+    main = script("benchmark_serve").main
+    assert main([str(tiny_run), "--clients", "2", "--requests", "2", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    for mode in ("batching on", "batching off"):
+        assert r["results"][mode]["sentences"] == 4 and r["results"][mode]["sent_s"] > 0
+    assert r["speedup"] > 0
+
+
+# -- tools for runs ----------------------------------------------------------------------------------
+def test_results_table(script, tiny_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns("tensorboard"))
+    tmt.evaluate([f"checkpoint={run}", "decoding.beam_size=1"])
+    [report] = [json.loads(p.read_text()) for p in (run / "eval").glob("test.*.json")]
+    minutes = json.loads((run / "result.json").read_text())["train_seconds"] / 60
+    capsys.readouterr()
+    assert script("results_table").main([str(run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == (f"| en→fr | best.pt | greedy | {report['bleu']:.2f} | {report['chrf']:.2f} | "
+                        f"{report['cer']:.3f} | {report['wer']:.3f} | {report['n']} | "
+                        f"{report['sentences_per_s']:.0f} | {minutes:.1f} |")
+    assert lines[-1].startswith("Signatures: BLEU nrefs:1")
+
+
+def test_plot_learning_curve(script, tiny_run: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "curve.png"
+    assert script("plot_learning_curve").main([str(tiny_run), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_average_checkpoints(script, tiny_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "avg.pt"
+    assert script("average_checkpoints").main([str(tiny_run), "--out", str(out)]) == 0
+    first, second = (load_checkpoint(tiny_run / f"epoch_00{i}.pt")["model"] for i in (1, 2))
+    averaged = load_checkpoint(out)["model"]
+    for name, value in averaged.items():
+        torch.testing.assert_close(value, (first[name] + second[name]) / 2, msg=name)
+
+
+# -- the test commands ------------------------------------------------------------------------------
+def _sandbox(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A checkout holding only scripts/test.sh and .ci/run, with setup.sh, .venv, apt-get, ruff and
+    python replaced by stubs that write their command line (and CI) to a log."""
+    checkout, stubs = tmp_path / "checkout", tmp_path / "bin"
+    for path in ("scripts/test.sh", ".ci/run"):
+        (checkout / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / path, checkout / path)
+    (checkout / "scripts" / "setup.sh").write_text('echo "setup.sh" >> "$LOG"\n')
+    (checkout / ".venv" / "bin").mkdir(parents=True)
+    (checkout / ".venv" / "bin" / "activate").write_text("")
+    stubs.mkdir()
+    for name in ("apt-get", "ruff", "python"):
+        (stubs / name).write_text(f'#!/bin/sh\necho "{name} $* CI=${{CI:-}}" >> "$LOG"\n')
+        (stubs / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "LOG": str(tmp_path / "log"),
+           "TMT_CHROMIUM": str(tmp_path / "no-chromium")}
+    env.pop("CI", None)
+    return checkout, env
+
+
+def test_the_test_command_installs_nothing(tmp_path: Path) -> None:
+    checkout, env = _sandbox(tmp_path)
+    result = subprocess.run(["bash", "scripts/test.sh", "-k", "x"], cwd=checkout, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    log = (tmp_path / "log").read_text().splitlines()
+    assert log == ["setup.sh", "ruff check transformer_mt tests scripts CI=", "python -m pytest -q -k x CI="]
+    [note] = result.stdout.splitlines()
+    assert "browser test is skipped" in note and "apt-get install chromium" in note
+
+
+def test_ci_prepares_the_browser_then_runs_the_test_command(tmp_path: Path) -> None:
+    checkout, env = _sandbox(tmp_path)
+    result = subprocess.run(["bash", ".ci/run"], cwd=checkout, env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    log = (tmp_path / "log").read_text().splitlines()
+    installs = ["apt-get install -y -q chromium CI="] if os.getuid() == 0 else []  # only root installs
+    assert log == [*installs, "setup.sh", "ruff check transformer_mt tests scripts CI=1",
+                   "python -m pytest -q CI=1"]
