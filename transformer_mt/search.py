@@ -10,6 +10,11 @@ Two rules are shared with the CTranslate2 engine (`transformer_mt.ct2`) and live
   position for <bos>); <eos> is then forced.
 - `gnmt_penalty`: beam hypotheses are ranked by their log-prob sum divided by the GNMT penalty.
 `tokens` never include bos/eos, and the search never emits pad or bos.
+
+On a GPU, greedy search and sampling look for finished sentences every `LOOK_EVERY` steps, not at every
+step: a look reads the device (a host synchronisation), while a finished sentence only repeats <eos>
+until the next one. On the CPU, where reads are free, they look at every step (and the batch shrinks as
+soon as it can).
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ import torch
 from torch import Tensor
 
 from transformer_mt.model import DecoderCache, Transformer
+from transformer_mt.model.attention import free_to_read
+
+LOOK_EVERY = 8  # steps between looks for finished sentences where a look costs a host synchronisation
 
 
 @dataclass
@@ -90,7 +98,7 @@ def forced_tokens(prefixes: Sequence[Sequence[int]] | None, batch: int,
 
 def _only(logp: Tensor, tokens: Tensor, rows: Tensor) -> Tensor:
     """logp where `rows` may produce only their `tokens` (N,), at the model's own log-prob."""
-    if not bool(rows.any()):
+    if free_to_read(rows) and not bool(rows.any()):
         return logp
     out = logp.masked_fill(rows[:, None], float("-inf"))
     return out.scatter_(1, tokens[:, None], logp.gather(1, tokens[:, None]))
@@ -135,14 +143,18 @@ def _left_to_right(model: Transformer, src: Tensor, choose: Callable[[Tensor], T
                    forced: Tensor | None = None) -> list[list[Hypothesis]]:
     """The loop greedy search and sampling share. `choose` maps log-probs (N, V) to next tokens (N,);
     `forced` (B, P) holds each sentence's prefix (-1 padded). Finished sentences leave the batch (and
-    the cache), so later steps pay only for live ones."""
+    the cache) at the next look, so later steps pay only for live ones; until then they repeat <eos>."""
     B = src.size(0)
     memory, src_pad = model.encode(src)
-    max_len = torch.tensor(ends.limits(model, src, forced), device=src.device)  # (B,)
+    limits = ends.limits(model, src, forced)
+    max_len = torch.tensor(limits, device=src.device)  # (B,)
+    horizon = max(limits, default=0) + 1  # every sentence has ended after this many steps
+    every = 1 if return_attention or free_to_read(src) else LOOK_EVERY
     cache = model.new_cache() if use_cache else None
-    alive = torch.arange(B, device=src.device)  # original index of each live row
+    alive = torch.arange(B, device=src.device)  # original index of each row
     prefix = torch.full((B, 1), ends.bos_id, dtype=torch.long, device=src.device)  # (N, 1 + t)
     scores = torch.zeros(B, dtype=torch.float64, device=src.device)
+    ended = torch.zeros(B, dtype=torch.bool, device=src.device)  # rows that produced <eos>
     hyps: list[Hypothesis | None] = [None] * B
     pending_attn: dict[int, list[Tensor]] = {i: [] for i in range(B)} if return_attention else {}
 
@@ -152,24 +164,31 @@ def _left_to_right(model: Transformer, src: Tensor, choose: Callable[[Tensor], T
                                     return_attention)
         logp = _step_log_probs(logits, ends, model.pad_id, t >= max_len, _forced_at(forced, alive, t))
         nxt = choose(logp)  # (N,)
-        scores += logp.gather(1, nxt[:, None]).squeeze(1).double()
+        gained = logp.gather(1, nxt[:, None]).squeeze(1).double()
+        if every > 1:  # rows that ended already repeat <eos> at no cost
+            nxt, gained = nxt.masked_fill(ended, ends.eos_id), gained.masked_fill(ended, 0.0)
+        scores += gained
         prefix = torch.cat((prefix, nxt[:, None]), dim=1)
         if return_attention:
             for row, i in enumerate(alive.tolist()):
                 pending_attn[i].append(attn[row])
         t += 1
-        done = nxt == ends.eos_id
-        if bool(done.any()):
-            for row in done.nonzero().squeeze(1).tolist():
-                i = int(alive[row])
-                attention = (_src_attention(torch.stack(pending_attn[i]), src_pad[row])
-                             if return_attention else None)
-                hyps[i] = Hypothesis(prefix[row, 1:-1].tolist(), float(scores[row]), attention)
-            keep = (~done).nonzero().squeeze(1)
-            alive, prefix, scores, max_len = alive[keep], prefix[keep], scores[keep], max_len[keep]
-            memory, src_pad = memory[keep], src_pad[keep]
-            if cache is not None:
-                cache.reorder(keep)
+        ended |= nxt == ends.eos_id
+        if t % every and t < horizon:
+            continue
+        done = ended.nonzero().squeeze(1).tolist()  # the look: one read of the device
+        if not done:
+            continue
+        originals, tokens, totals = alive[done].tolist(), prefix[done, 1:].tolist(), scores[done].tolist()
+        for row, i, seq, score in zip(done, originals, tokens, totals, strict=True):
+            attention = (_src_attention(torch.stack(pending_attn[i]), src_pad[row])
+                         if return_attention else None)
+            hyps[i] = Hypothesis(seq[:seq.index(ends.eos_id)], score, attention)
+        keep = (~ended).nonzero().squeeze(1)
+        alive, prefix, scores, max_len, ended = (x[keep] for x in (alive, prefix, scores, max_len, ended))
+        memory, src_pad = memory[keep], src_pad[keep]
+        if cache is not None:
+            cache.reorder(keep)
     return [[h] for h in hyps if h is not None]
 
 
