@@ -33,6 +33,8 @@ class TrainingEpochs:
             split = self.train if self.subwords is None else self._resegment(epoch)
             sampler = TokenBatchSampler(split.lengths(), self.batch_tokens, seed=self.seed,
                                         pad_to_multiple=self.pad_to_multiple)
+            log.info("epoch %d: %d batches in %d shapes, %.1f%% of their positions padding", epoch + 1,
+                     len(sampler), len(set(sampler.shapes(epoch))), 100 * sampler.padding_fraction(epoch))
             self._latest = (epoch, split, sampler)
         return self._latest[1], self._latest[2]
 
