@@ -301,6 +301,7 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, be
     memory, src_pad = model.encode(src)  # once per sentence: (A, S, d), (A, S)
     forced = forced_tokens(prefixes, B, device)
     max_len = ends.limits(model, src, forced)  # (A,)
+    on_device = torch.tensor(max_len, device=device), torch.arange(B, device=device)  # max_len, sent_ids
     cache = model.new_cache()
     sent_ids = list(range(B))  # original index of each live sentence
     scores = torch.zeros(B, K, dtype=torch.float64, device=device)
@@ -312,8 +313,8 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, be
     t = 0
     while sent_ids:
         logits, attn = _first_or_next_step(model, prefix, memory, src_pad, cache, K, t, return_attention)
-        at_max = torch.tensor([t >= m for m in max_len], device=device).repeat_interleave(K)
-        step = _forced_at(forced, torch.tensor(sent_ids, device=device), t)
+        at_max = (t >= on_device[0]).repeat_interleave(K)  # (copies to a GPU would wait for it too)
+        step = _forced_at(forced, on_device[1], t)
         logp = _step_log_probs(logits, ends, model.pad_id, at_max,
                                step.repeat_interleave(K) if step is not None else None)
         top_scores, top_tok, top_row = _top_candidates(logp, scores, K)
@@ -343,6 +344,7 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, be
             keep_t = torch.tensor(keep, dtype=torch.long, device=device)
             rows, scores, toks = rows[keep_t], scores[keep_t], toks[keep_t]
             sent_ids, max_len = [sent_ids[a] for a in keep], [max_len[a] for a in keep]
+            on_device = on_device[0][keep_t], on_device[1][keep_t]
             memory, src_pad = memory[keep_t], src_pad[keep_t]
             cache.reorder(rows.view(-1), cross_index=keep_t)
         else:  # beams only moved within their sentences: cross-attention K/V stay as they are
