@@ -133,8 +133,9 @@ class DeviceConfig(Section):
     amp: str = "auto"
     # torch.compile the training forward pass (dynamic shapes: token batches vary in both
     # dimensions). Off by default: measured slower on a 2-core CPU (README, Performance).
-    # With training.pad_to_multiple > 1 (a GPU's default) each of the epoch's few shapes is compiled once.
     compile: bool = False
+    # (compile: with training.pad_to_multiple > 1, a GPU's default, each of an epoch's few batch shapes
+    # is compiled once, as a static graph: runtime.compiled)
     # The attention kernels CUDA may use, best first (torch.nn.attention.sdpa_kernel): efficient | flash |
     # cudnn | math; [] leaves the choice to PyTorch. cuDNN builds a plan for each new batch shape.
     attention_backends: list[str] = field(default_factory=lambda: ["efficient", "flash"])

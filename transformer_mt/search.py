@@ -10,11 +10,6 @@ Two rules are shared with the CTranslate2 engine (`transformer_mt.ct2`) and live
   position for <bos>); <eos> is then forced.
 - `gnmt_penalty`: beam hypotheses are ranked by their log-prob sum divided by the GNMT penalty.
 `tokens` never include bos/eos, and the search never emits pad or bos.
-
-On a GPU, greedy search and sampling look for finished sentences every `LOOK_EVERY` steps, not at every
-step: a look reads the device (a host synchronisation), while a finished sentence only repeats <eos>
-until the next one. On the CPU, where reads are free, they look at every step (and the batch shrinks as
-soon as it can).
 """
 
 from __future__ import annotations
@@ -28,8 +23,6 @@ from torch import Tensor
 
 from transformer_mt.model import DecoderCache, Transformer
 from transformer_mt.model.attention import free_to_read
-
-LOOK_EVERY = 8  # steps between looks for finished sentences where a look costs a host synchronisation
 
 
 @dataclass
@@ -137,6 +130,12 @@ def _decode_step(model: Transformer, tokens: Tensor, memory: Tensor, src_pad: Te
 
 
 # -- greedy search and sampling: one hypothesis per sentence, left to right ----------------------
+# On a GPU they look for finished sentences every LOOK_EVERY steps, not at every step: a look reads the
+# device (a host synchronisation), while a finished sentence only repeats <eos> until the next one. On
+# the CPU, where reads are free, they look at every step (and the batch shrinks as soon as it can).
+LOOK_EVERY = 8
+
+
 @torch.inference_mode()
 def _left_to_right(model: Transformer, src: Tensor, choose: Callable[[Tensor], Tensor], ends: Ends,
                    use_cache: bool, return_attention: bool,
