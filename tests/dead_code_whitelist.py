@@ -15,7 +15,10 @@ signum
 exc
 _.require_backward_grad_sync
 _.id  # hydra.job.id, set as Hydra's launcher sets it
-# Settings of objects of other libraries: CTranslate2's model spec, a `tokenizers` Tokenizer.
+# Settings of objects of other libraries: CTranslate2's model spec, a `tokenizers` Tokenizer, what a
+# fused torch optimizer's step reads (as GradScaler sets it).
+_.found_inf
+_.grad_scale
 _.gamma
 _.beta
 _.scale_embeddings

@@ -134,6 +134,11 @@ class DeviceConfig(Section):
     # torch.compile the training forward pass (dynamic shapes: token batches vary in both
     # dimensions). Off by default: measured slower on a 2-core CPU (README, Performance).
     compile: bool = False
+    # (compile: with training.pad_to_multiple > 1, a GPU's default, each of an epoch's few batch shapes
+    # is compiled once, as a static graph: runtime.compiled)
+    # The attention kernels CUDA may use, best first (torch.nn.attention.sdpa_kernel): efficient | flash |
+    # cudnn | math; [] leaves the choice to PyTorch. cuDNN builds a plan for each new batch shape.
+    attention_backends: list[str] = field(default_factory=lambda: ["efficient", "flash"])
 
 
 @dataclass
@@ -143,6 +148,10 @@ class TrainingConfig(Section):
     KEY: ClassVar[str] = "training"
     epochs: int = 10
     batch_tokens: int = 4096  # padded source or target tokens per batch, whichever is larger
+    # Round each batch's lengths up to a multiple of this, and its row count down to one, so that an
+    # epoch has tens of batch shapes, not hundreds (a GPU builds kernels per shape); null: 8 on CUDA, 1
+    # elsewhere (where padding only costs time).
+    pad_to_multiple: int | None = None
     accumulate: int = 1  # gradient accumulation steps per optimizer step
     lr: float = 1e-3  # peak learning rate
     # noam: inverse sqrt after the linear warm-up. linear | cosine: decay to min_lr over the run, which
@@ -190,8 +199,16 @@ class SearchConfig(Section):
     length_penalty: float = 0.6  # GNMT alpha
     max_len_a: float = 1.5  # max output length = a * source length + b
     max_len_b: int = 10
-    batch_tokens: int = 6000  # source tokens per decoding batch
+    # Source tokens per decoding batch (beam search divides them by beam_size); null: 6000 on a CPU,
+    # 32768 on CUDA (`batch_tokens_on`), where one sentence at a time leaves the GPU idle.
+    batch_tokens: int | None = None
     use_cache: bool = True
+
+    def batch_tokens_on(self, device: Any) -> int:
+        """decoding.batch_tokens, or its default for the device (a torch.device or its type)."""
+        if self.batch_tokens is not None:
+            return self.batch_tokens
+        return 32768 if getattr(device, "type", device) == "cuda" else 6000
 
 
 @dataclass

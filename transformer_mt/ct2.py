@@ -275,7 +275,8 @@ class CT2Translator(TextTranslator):
         """translate_batch options for sources of n_src tokens."""
         beam = 1 if decoding.sampling else decoding.beam_size
         options: dict[str, Any] = dict(
-            max_batch_size=max(1, decoding.batch_tokens // beam), batch_type="tokens",
+            max_batch_size=max(1, decoding.batch_tokens_on(self.info.get("device", "cpu")) // beam),
+            batch_type="tokens",
             beam_size=beam, max_decoding_length=self.max_length(n_src, decoding), min_decoding_length=0,
             max_input_length=0,  # inputs are already cut to the positions the model has
             return_scores=True, return_end_token=True, return_attention=return_attention,

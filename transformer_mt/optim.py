@@ -19,12 +19,34 @@ def build_optimizer(model: torch.nn.Module, training: TrainingConfig,
                              fused=device.type in ("cuda", "cpu") or None)
 
 
-def clip_gradients(model: torch.nn.Module, max_norm: float) -> float:
-    """Scale the gradients down to a total norm of at most max_norm (0: leave them); their norm before."""
+def clip_gradients(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+    """Scale the gradients down to a total norm of at most max_norm (0: leave them); their norm before, as
+    a 0-dim tensor on the model's device: reading it would make the host wait for the device (the
+    trainer reads it every training.log_every steps). Non-finite gradients give a non-finite norm."""
     params = [p for p in model.parameters() if p.grad is not None]
+    if not params:
+        return torch.zeros((), device=next(model.parameters()).device)
     if max_norm > 0:
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-    return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])))
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
+
+
+def step_unless(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, skip: torch.Tensor) -> None:
+    """The optimizer's step, which changes nothing (weights, moments, step count) where `skip`, a 0-dim
+    bool tensor on the parameters' device, is true. A fused optimizer's kernel reads the flag itself (as
+    `found_inf`, what GradScaler hands it), so the host never waits for the device; fp16's GradScaler
+    finds non-finite gradients itself; only an optimizer without a fused kernel (MPS) makes the host look."""
+    if scaler.is_enabled():
+        scaler.step(optimizer)
+        scaler.update()
+    elif optimizer.defaults.get("fused"):
+        optimizer.found_inf, optimizer.grad_scale = skip.float(), None
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf, optimizer.grad_scale
+    elif not bool(skip):
+        optimizer.step()
 
 
 def lr_lambda(training: TrainingConfig, total_steps: int,

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # types only: the schemas import this module
     from transformer_mt.config import (
         DatasetConfig,
         DecodingConfig,
+        DeviceConfig,
         EngineConfig,
         EvaluateConfig,
         ExportConfig,
@@ -73,6 +74,7 @@ RANGES: dict[str, Rule] = {
     "device.num_interop_threads": at_least(1, or_null=True),
     "training.epochs": at_least(1),
     "training.batch_tokens": at_least(16),
+    "training.pad_to_multiple": at_least(1, or_null=True),
     "training.accumulate": at_least(1),
     "training.lr": POSITIVE,
     "training.warmup_steps": at_least(0),
@@ -93,7 +95,7 @@ RANGES: dict[str, Rule] = {
     "decoding.beam_size": at_least(1),
     "decoding.max_len_a": at_least(0),
     "decoding.max_len_b": at_least(1),
-    "decoding.batch_tokens": at_least(1),
+    "decoding.batch_tokens": at_least(1, or_null=True),
     "decoding.temperature": POSITIVE,
     "decoding.top_k": at_least(0),
     "decoding.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
@@ -181,6 +183,18 @@ def _tokenizer_relations(t: TokenizerConfig) -> list[str]:
     return found
 
 
+ATTENTION_BACKENDS = ("efficient", "flash", "cudnn", "math")  # model.attention.BACKENDS' names
+
+
+def _device_relations(d: DeviceConfig) -> list[str]:
+    unknown = [name for name in d.attention_backends if name not in ATTENTION_BACKENDS]
+    if unknown:
+        return [f"device.attention_backends={list(d.attention_backends)} names unknown kernel(s) "
+                f"{', '.join(map(str, unknown))}; choose from: {', '.join(ATTENTION_BACKENDS)} "
+                "([] leaves the choice to PyTorch)"]
+    return []
+
+
 def _training_relations(t: TrainingConfig) -> list[str]:
     return out_of_range("training.average_last", t.average_last, 0 <= t.average_last <= t.keep_last,
                         f"between 0 and training.keep_last ({t.keep_last}), since only kept "
@@ -237,6 +251,7 @@ def _needs_checkpoint(cfg: EvaluateConfig | ExportConfig) -> list[str]:
 RELATIONS: dict[str, Callable[[Any], list[str]]] = {
     "ModelConfig": _model_relations, "DatasetConfig": _dataset_relations,
     "TokenizerConfig": _tokenizer_relations, "TrainingConfig": _training_relations,
+    "DeviceConfig": _device_relations,
     "DecodingConfig": _decoding_relations, "TrainConfig": _train_relations,
     "TranslateConfig": _engine_relations, "ServeConfig": _serve_relations,
 }

@@ -1,5 +1,5 @@
 """The process a job runs in: device, CPU threads, mixed precision, random state, signals, the training
-clock, and files.
+clock, and files; and `HostReads`, which counts how often the host waits for the device.
 
 Atomic files: every file a run keeps (checkpoints, caches, exports, reports) is written to a temporary
 name beside it, fsynced and renamed, so a crash or a full disk never leaves half a file behind.
@@ -15,6 +15,7 @@ import shutil
 import signal
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +23,11 @@ from typing import IO, Any
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from transformer_mt.config import DeviceConfig
 from transformer_mt.errors import ConfigError
+from transformer_mt.model.attention import use_attention_backends
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +48,9 @@ def select_device(cfg: DeviceConfig) -> torch.device:
 
 
 def configure_threads(cfg: DeviceConfig) -> None:
-    """Apply the thread settings once; inter-op threads can only be set before any parallel work."""
+    """Apply the process's device settings once: the attention kernels CUDA may use, and the threads
+    (inter-op threads can only be set before any parallel work)."""
+    use_attention_backends(cfg.attention_backends)
     if cfg.num_threads is not None:
         torch.set_num_threads(cfg.num_threads)
     if cfg.num_interop_threads is not None:
@@ -113,6 +118,20 @@ def precision(cfg: DeviceConfig, device: torch.device, training: bool = True) ->
             return Precision(torch.bfloat16, f"cpu has {flag}")
         return Precision(None, "cpu has no native bf16")
     return Precision(None, f"{device.type}: float32")
+
+
+def compiled(model: torch.nn.Module, pad_to_multiple: int) -> Callable[..., torch.Tensor]:
+    """torch.compile for training. Batches padded to a multiple come in a bounded set of shapes (tens an
+    epoch): each is compiled once, as a static graph. Without padding, nearly every batch is a new
+    shape, so one graph with dynamic shapes serves them all."""
+    return torch.compile(model, dynamic=pad_to_multiple <= 1)
+
+
+def pad_to_multiple(setting: int | None, device: torch.device) -> int:
+    """training.pad_to_multiple, or its default: 8 on CUDA (bounded batch shapes), 1 elsewhere."""
+    if setting is not None:
+        return setting
+    return 8 if device.type == "cuda" else 1
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
@@ -239,3 +258,60 @@ def check_writable(run_dir: Path, min_free_mib: int) -> None:
     if free_mib < min_free_mib:
         raise ConfigError(f"only {free_mib:.0f} MiB free at {run_dir}; free space or lower "
                           f"training.min_free_mib={min_free_mib}")
+
+
+class HostReads(TorchDispatchMode):
+    """Counts the host's reads of tensors that live on one device type: `.item()`, `bool()`, `float()`,
+    `int()` (aten's `_local_scalar_dense`), `.tolist()`, `.numpy()` and `.cpu()`. On a GPU each read waits
+    for every kernel queued before it (a host synchronisation); on the CPU reads are free, yet counted all
+    the same, so a run on the CPU shows how often a GPU would wait. `sites` says where each read was.
+
+        with HostReads(device.type) as reads:
+            ...
+        reads.count
+    """
+
+    METHODS = ("tolist", "numpy", "cpu")
+
+    def __init__(self, device_type: str) -> None:
+        super().__init__()
+        self.device_type, self.count, self.sites = device_type, 0, []
+        self._inside = 0  # in a patched method: its own dispatches are not counted again
+        self._originals: dict[str, Any] = {}
+
+    def _record(self, tensor: Any) -> None:
+        if isinstance(tensor, torch.Tensor) and tensor.device.type == self.device_type:
+            self.count += 1
+            ours = [f for f in traceback.extract_stack() if "transformer_mt" in f.filename
+                    and not f.filename.endswith("runtime.py")]
+            self.sites.append(f"{ours[-1].filename}:{ours[-1].lineno}" if ours else "?")
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.aten._local_scalar_dense.default and not self._inside:
+            self._record(args[0])
+        return func(*args, **(kwargs or {}))
+
+    def _patched(self, name: str) -> Callable[..., Any]:
+        original = self._originals[name]
+
+        def read(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if not self._inside:
+                self._record(tensor)
+            self._inside += 1
+            try:
+                return original(tensor, *args, **kwargs)
+            finally:
+                self._inside -= 1
+
+        return read
+
+    def __enter__(self) -> HostReads:
+        for name in self.METHODS:
+            self._originals[name] = getattr(torch.Tensor, name)
+            setattr(torch.Tensor, name, self._patched(name))
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        for name, original in self._originals.items():
+            setattr(torch.Tensor, name, original)

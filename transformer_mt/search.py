@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from transformer_mt.model import DecoderCache, Transformer
+from transformer_mt.model.attention import free_to_read
 
 
 @dataclass
@@ -90,7 +91,7 @@ def forced_tokens(prefixes: Sequence[Sequence[int]] | None, batch: int,
 
 def _only(logp: Tensor, tokens: Tensor, rows: Tensor) -> Tensor:
     """logp where `rows` may produce only their `tokens` (N,), at the model's own log-prob."""
-    if not bool(rows.any()):
+    if free_to_read(rows) and not bool(rows.any()):
         return logp
     out = logp.masked_fill(rows[:, None], float("-inf"))
     return out.scatter_(1, tokens[:, None], logp.gather(1, tokens[:, None]))
@@ -129,20 +130,30 @@ def _decode_step(model: Transformer, tokens: Tensor, memory: Tensor, src_pad: Te
 
 
 # -- greedy search and sampling: one hypothesis per sentence, left to right ----------------------
+# On a GPU they look for finished sentences every LOOK_EVERY steps, not at every step: a look reads the
+# device (a host synchronisation), while a finished sentence only repeats <eos> until the next one. On
+# the CPU, where reads are free, they look at every step (and the batch shrinks as soon as it can).
+LOOK_EVERY = 8
+
+
 @torch.inference_mode()
 def _left_to_right(model: Transformer, src: Tensor, choose: Callable[[Tensor], Tensor], ends: Ends,
                    use_cache: bool, return_attention: bool,
                    forced: Tensor | None = None) -> list[list[Hypothesis]]:
     """The loop greedy search and sampling share. `choose` maps log-probs (N, V) to next tokens (N,);
     `forced` (B, P) holds each sentence's prefix (-1 padded). Finished sentences leave the batch (and
-    the cache), so later steps pay only for live ones."""
+    the cache) at the next look, so later steps pay only for live ones; until then they repeat <eos>."""
     B = src.size(0)
     memory, src_pad = model.encode(src)
-    max_len = torch.tensor(ends.limits(model, src, forced), device=src.device)  # (B,)
+    limits = ends.limits(model, src, forced)
+    max_len = torch.tensor(limits, device=src.device)  # (B,)
+    horizon = max(limits, default=0) + 1  # every sentence has ended after this many steps
+    every = 1 if return_attention or free_to_read(src) else LOOK_EVERY
     cache = model.new_cache() if use_cache else None
-    alive = torch.arange(B, device=src.device)  # original index of each live row
+    alive = torch.arange(B, device=src.device)  # original index of each row
     prefix = torch.full((B, 1), ends.bos_id, dtype=torch.long, device=src.device)  # (N, 1 + t)
     scores = torch.zeros(B, dtype=torch.float64, device=src.device)
+    ended = torch.zeros(B, dtype=torch.bool, device=src.device)  # rows that produced <eos>
     hyps: list[Hypothesis | None] = [None] * B
     pending_attn: dict[int, list[Tensor]] = {i: [] for i in range(B)} if return_attention else {}
 
@@ -152,24 +163,31 @@ def _left_to_right(model: Transformer, src: Tensor, choose: Callable[[Tensor], T
                                     return_attention)
         logp = _step_log_probs(logits, ends, model.pad_id, t >= max_len, _forced_at(forced, alive, t))
         nxt = choose(logp)  # (N,)
-        scores += logp.gather(1, nxt[:, None]).squeeze(1).double()
+        gained = logp.gather(1, nxt[:, None]).squeeze(1).double()
+        if every > 1:  # rows that ended already repeat <eos> at no cost
+            nxt, gained = nxt.masked_fill(ended, ends.eos_id), gained.masked_fill(ended, 0.0)
+        scores += gained
         prefix = torch.cat((prefix, nxt[:, None]), dim=1)
         if return_attention:
             for row, i in enumerate(alive.tolist()):
                 pending_attn[i].append(attn[row])
         t += 1
-        done = nxt == ends.eos_id
-        if bool(done.any()):
-            for row in done.nonzero().squeeze(1).tolist():
-                i = int(alive[row])
-                attention = (_src_attention(torch.stack(pending_attn[i]), src_pad[row])
-                             if return_attention else None)
-                hyps[i] = Hypothesis(prefix[row, 1:-1].tolist(), float(scores[row]), attention)
-            keep = (~done).nonzero().squeeze(1)
-            alive, prefix, scores, max_len = alive[keep], prefix[keep], scores[keep], max_len[keep]
-            memory, src_pad = memory[keep], src_pad[keep]
-            if cache is not None:
-                cache.reorder(keep)
+        ended |= nxt == ends.eos_id
+        if t % every and t < horizon:
+            continue
+        done = ended.nonzero().squeeze(1).tolist()  # the look: one read of the device
+        if not done:
+            continue
+        originals, tokens, totals = alive[done].tolist(), prefix[done, 1:].tolist(), scores[done].tolist()
+        for row, i, seq, score in zip(done, originals, tokens, totals, strict=True):
+            attention = (_src_attention(torch.stack(pending_attn[i]), src_pad[row])
+                         if return_attention else None)
+            hyps[i] = Hypothesis(seq[:seq.index(ends.eos_id)], score, attention)
+        keep = (~ended).nonzero().squeeze(1)
+        alive, prefix, scores, max_len, ended = (x[keep] for x in (alive, prefix, scores, max_len, ended))
+        memory, src_pad = memory[keep], src_pad[keep]
+        if cache is not None:
+            cache.reorder(keep)
     return [[h] for h in hyps if h is not None]
 
 
@@ -282,6 +300,7 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, be
     memory, src_pad = model.encode(src)  # once per sentence: (A, S, d), (A, S)
     forced = forced_tokens(prefixes, B, device)
     max_len = ends.limits(model, src, forced)  # (A,)
+    on_device = torch.tensor(max_len, device=device), torch.arange(B, device=device)  # max_len, sent_ids
     cache = model.new_cache()
     sent_ids = list(range(B))  # original index of each live sentence
     scores = torch.zeros(B, K, dtype=torch.float64, device=device)
@@ -293,8 +312,8 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, be
     t = 0
     while sent_ids:
         logits, attn = _first_or_next_step(model, prefix, memory, src_pad, cache, K, t, return_attention)
-        at_max = torch.tensor([t >= m for m in max_len], device=device).repeat_interleave(K)
-        step = _forced_at(forced, torch.tensor(sent_ids, device=device), t)
+        at_max = (t >= on_device[0]).repeat_interleave(K)  # (copies to a GPU would wait for it too)
+        step = _forced_at(forced, on_device[1], t)
         logp = _step_log_probs(logits, ends, model.pad_id, at_max,
                                step.repeat_interleave(K) if step is not None else None)
         top_scores, top_tok, top_row = _top_candidates(logp, scores, K)
@@ -324,6 +343,7 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, be
             keep_t = torch.tensor(keep, dtype=torch.long, device=device)
             rows, scores, toks = rows[keep_t], scores[keep_t], toks[keep_t]
             sent_ids, max_len = [sent_ids[a] for a in keep], [max_len[a] for a in keep]
+            on_device = on_device[0][keep_t], on_device[1][keep_t]
             memory, src_pad = memory[keep_t], src_pad[keep_t]
             cache.reorder(rows.view(-1), cross_index=keep_t)
         else:  # beams only moved within their sentences: cross-attention K/V stay as they are

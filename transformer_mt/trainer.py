@@ -5,6 +5,7 @@
 checkpoint at each epoch's end (and every `valid_every_steps`), until `should_stop` gives a reason.
 Every checkpoint records the position inside the epoch and all random state, so `resume=` continues
 exactly where the run stopped.
+A step never waits for the device: what it tells the loop stays there until read (tally.py).
 """
 
 from __future__ import annotations
@@ -28,20 +29,23 @@ from transformer_mt.data.epochs import TrainingEpochs
 from transformer_mt.data.segmentation import build as subword_sampler
 from transformer_mt.errors import TrainingError
 from transformer_mt.metrics import improves
-from transformer_mt.optim import build_optimizer, build_scheduler, clip_gradients
+from transformer_mt.optim import build_optimizer, build_scheduler, clip_gradients, step_unless
 from transformer_mt.records import RunRecords, Window, hparams
 from transformer_mt.runtime import (
     Interrupt,
     TrainingClock,
     autocast,
     check_writable,
+    compiled,
     configure_threads,
+    pad_to_multiple,
     precision,
     rng_state,
     seed_everything,
     select_device,
     set_rng_state,
 )
+from transformer_mt.tally import StepTally
 from transformer_mt.tokenizer import Vocabulary
 from transformer_mt.validation import Validator
 
@@ -82,7 +86,8 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, t, self.device)
         self.ema = ema.build(self.model, t.ema_decay)  # then validated, saved and translated with
         subwords = subword_sampler(self.vocab, cfg.tokenizer, cfg.seed, cfg.dataset.max_len)
-        self.epochs = TrainingEpochs(self.data.train, t.batch_tokens, cfg.seed, subwords)
+        self.epochs = TrainingEpochs(self.data.train, t.batch_tokens, cfg.seed, subwords,
+                                     pad_to_multiple(t.pad_to_multiple, self.device))
         self.clock = TrainingClock(t.max_minutes, now=clock)  # before the schedule, which reads it
         # This rank's batches per epoch: epoch 0's even when resuming, so that the schedule is the same
         # (re-segmented epochs differ from it by a few batches at most)
@@ -96,12 +101,13 @@ class Trainer:
         self.step = 0  # optimizer steps
         self.best: dict[str, Any] = {"metric": t.best_metric, "value": None, "epoch": None}
         self.bad_epochs = 0  # validations without improvement (patience)
-        self.bad_steps = 0  # consecutive non-finite losses
+        self.tally = StepTally(self.device)
+        self.window = Window()  # the loss and speed since the last progress line
         self.interrupt = Interrupt()
         self.validated_at_step = False  # the last step was validated and saved already
         if state:
             self._restore(state)
-        forward = torch.compile(self.model, dynamic=True) if cfg.device.compile else self.model
+        forward = compiled(self.model, self.epochs.pad_to_multiple) if cfg.device.compile else self.model
         self.parallel = distributed.wrap(forward, self.world, self.device)  # what training calls
         self.session_tokens, self.session_start_seconds = 0, self.clock.seconds  # for result.json
         # A resumed run redoes the steps after its checkpoint: their old events are purged.
@@ -192,47 +198,39 @@ class Trainer:
         step_tokens = loss.step_tokens(every_rank, train.tgt_lens, t.accumulate * self.world.size)
         self.model.train()
         self.validated_at_step = False
-        window = Window()
+        self.window = Window()
         bar = tqdm(total=len(batches), initial=self.batch_in_epoch, desc=f"epoch {self.epoch + 1}",
                    disable=not t.progress or not self.world.is_main, dynamic_ncols=True, leave=False)
         with bar:
             for index in range(self.batch_in_epoch, len(batches)):
-                batch = train.batch(batches[index]).to(self.device)
+                batch = self.epochs.batch(train, batches[index]).to(self.device)
                 ends_step = (index + 1) % t.accumulate == 0 or index + 1 == len(batches)
-                value = self.train_step(batch, index, step_tokens[index // t.accumulate], ends_step)
+                self.train_step(batch, step_tokens[index // t.accumulate], ends_step)
                 self.batch_in_epoch = index + 1
-                if value is None:  # a non-finite loss: skipped
-                    continue
                 self.validated_at_step = False
-                window.loss, window.batches = window.loss + value, window.batches + 1
-                window.tokens += batch.n_tgt_tokens
+                self.window.tokens += batch.n_tgt_tokens
                 self.session_tokens += batch.n_tgt_tokens
                 if not ends_step:
                     continue
-                grad_norm = self.optimizer_step()
+                self.optimizer_step()
                 bar.update(self.batch_in_epoch - bar.n)
                 if self.step % t.log_every == 0 or self.batch_in_epoch == len(batches):
-                    self._log_progress(window, grad_norm, bar)
-                    window = Window()
-                else:
-                    bar.set_postfix(loss=f"{value:.3f}", refresh=False)
+                    self._log_progress(bar)
                 reason = self._after_step()
                 if reason:
                     return reason
         return ""
 
-    def train_step(self, batch: Batch, index: int, step_tokens: int, ends_step: bool) -> float | None:
-        """Forward and backward of one micro-batch; its mean loss, or None when the loss was not finite."""
+    def train_step(self, batch: Batch, step_tokens: int, ends_step: bool) -> None:
+        """Forward and backward of one micro-batch; its loss goes to the tally (a non-finite one: skip)."""
         distributed.set_grad_sync(self.parallel, ends_step)  # DDP: all-reduce once per optimizer step
         try:
             with autocast(self.device, self.amp):
                 logits = self.parallel(batch.src, batch.tgt_in)  # (B, T, V)
             summed = loss.summed_nll(logits, batch.tgt_out, self.cfg.training.label_smoothing)
             mean = summed / batch.n_tgt_tokens
-            # Under DDP every rank must run backward; a non-finite loss then shows in the gradient.
-            if not torch.isfinite(mean) and not self.world.distributed:
-                self._skip_bad_step(mean, index)
-                return None
+            # Under DDP a non-finite loss shows in every rank's all-reduced gradient: all ranks skip.
+            self.tally.add_loss(mean, skips_step=not self.world.distributed)
             weight = batch.n_tgt_tokens * self.world.size / step_tokens  # DDP then averages over ranks
             self.scaler.scale(mean * weight).backward()
         except torch.OutOfMemoryError as ex:
@@ -242,11 +240,10 @@ class Trainer:
                 f"({tuple(batch.src.shape)} source, {tuple(batch.tgt_in.shape)} target); lower "
                 f"training.batch_tokens={self.cfg.training.batch_tokens} (use training.accumulate to keep "
                 "the effective batch) and resume=... from the last checkpoint") from ex
-        self.bad_steps = 0
-        return mean.item()
 
-    def optimizer_step(self) -> float:
-        """Clip, step, schedule; the gradient norm. Ranks first agree on the clock and on an interrupt."""
+    def optimizer_step(self) -> None:
+        """Clip, step, schedule; ranks first agree on the clock and on an interrupt. A non-finite loss or
+        gradient skips the update on the device (fp16's GradScaler does it itself), yet counts as a step."""
         self.clock.tick()
         if self.world.distributed:  # the clock sets the learning rate, and all ranks stop together
             flag, self.clock.seconds = distributed.all_max([float(self.interrupt.requested),
@@ -254,18 +251,13 @@ class Trainer:
             self.interrupt.requested = flag > 0
         self.scaler.unscale_(self.optimizer)
         grad_norm = clip_gradients(self.model, self.cfg.training.clip_grad_norm)
-        if not math.isfinite(grad_norm) and not self.scaler.is_enabled():
-            # fp16's GradScaler skips such steps itself; elsewhere one would poison every weight.
-            self._skip_bad_step(torch.tensor(grad_norm), self.batch_in_epoch - 1, what="gradient")
-            return grad_norm
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
+        bad = self.tally.end_step(grad_norm, grad_counts=not self.scaler.is_enabled())
+        step_unless(self.optimizer, self.scaler, bad)
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.step += 1
         if self.ema:
             self.ema.update(self.model)
-        return grad_norm
 
     def _after_step(self) -> str:
         """Validate or save when the step calls for it; then whether to stop."""
@@ -279,22 +271,28 @@ class Trainer:
             self._save(tag="latest")
         return self.should_stop()
 
-    def _skip_bad_step(self, value: torch.Tensor, index: int, what: str = "loss") -> None:
-        """A non-finite loss or gradient changes nothing; too many in a row means divergence."""
-        self.optimizer.zero_grad(set_to_none=True)
-        self.bad_steps += 1
+    def _read_tally(self) -> float:
+        """Read the device's tally into the progress window (one host synchronisation); the last gradient
+        norm. Skipped steps are reported; max_bad_steps of them in a row mean divergence."""
+        values = self.tally.read()
+        self.window.loss += values["loss_sum"]
+        self.window.batches += int(values["batches"])
         limit = self.cfg.training.max_bad_steps
-        log.warning("non-finite %s (%s) at batch %d of epoch %d: step skipped (%d/%d in a row)",
-                    what, value.item(), index + 1, self.epoch + 1, self.bad_steps, limit)
-        if self.bad_steps >= limit:
+        if values["skipped"]:
+            log.warning("%d optimizer step(s) skipped for a non-finite loss or gradient by step %d of epoch "
+                        "%d (%d/%d in a row at most)", values["skipped"], self.step, self.epoch + 1,
+                        values["longest"], limit)
+        if values["longest"] >= limit:
             raise TrainingError(f"{limit} non-finite values in a row: the run diverged; the last good "
                                 f"checkpoint in {self.run_dir} is intact. Lower training.lr="
                                 f"{self.cfg.training.lr} or raise training.warmup_steps, then resume")
+        return values["grad_norm"]
 
     # -- validation, checkpoints and records ------------------------------------------------------
     def _validate_and_save(self) -> str:
         """Validate (rank 0), update the best, keep a checkpoint (epoch_NNN.pt at the end of an epoch,
         else step_NNNNNNN.pt); a reason to stop, decided before the checkpoint is written."""
+        self._read_tally()  # a diverged run stops here, before anything is validated or saved
         improved = False
         if self.world.is_main:
             result = self.validate(self.step, self.epoch + 1, self.clock.seconds / 60)
@@ -348,6 +346,7 @@ class Trainer:
     def _save(self, tag: str, improved: bool = False) -> None:
         """Write a checkpoint (rank 0): numbered for 'epoch'/'step' (the last keep_last are kept and
         averaged at the end), else only latest.pt."""
+        self._read_tally()
         if not self.world.is_main:
             return
         state = {
@@ -366,8 +365,10 @@ class Trainer:
         log.info("saved %s (%s, epoch %d, step %d)%s", path.name, tag, self.epoch, self.step,
                  " — new best" if improved else "")
 
-    def _log_progress(self, window: Window, grad_norm: float, bar: tqdm) -> None:
-        """The window's mean loss and speed: TensorBoard, the progress bar, or a log line without it."""
+    def _log_progress(self, bar: tqdm) -> None:
+        """The window's mean loss and speed (TensorBoard, the progress bar or a log line); a new window."""
+        grad_norm = self._read_tally()
+        window, self.window = self.window, Window()
         elapsed = time.perf_counter() - window.start
         total_loss, batches, tokens = distributed.all_sum([window.loss, window.batches, window.tokens],
                                                           self.world)

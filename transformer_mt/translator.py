@@ -51,7 +51,7 @@ def decode_ids(
     model.eval()
     results: list[list[Hypothesis]] = [[] for _ in src_ids]
     # Beam search holds beam_size rows per sentence: budget the batch by what is really computed.
-    budget = max(1, decoding.batch_tokens // (1 if decoding.sampling else decoding.beam_size))
+    budget = max(1, decoding.batch_tokens_on(device) // (1 if decoding.sampling else decoding.beam_size))
     try:
         with autocast(device, amp):
             for batch in length_sorted_batches([len(s) for s in src_ids], budget):

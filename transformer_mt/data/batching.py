@@ -6,6 +6,10 @@ Conventions shared with the model and the searches:
 - The decoder input is <bos> + y and its target is y + <eos>; padding is PAD_ID everywhere.
 - A batch of n examples costs n * (longest + 1) tokens: the +1 is the source's <eos>, or the target's
   <bos>/<eos>. `greedy_cut` is the one rule that fills batches up to a budget of such tokens.
+- With a `pad_to_multiple` m > 1 (a GPU's setting), training batches round that length up to a multiple
+  of m and their row count down to one (when they have m rows or more), so an epoch's batches come in a
+  bounded set of shapes: a GPU's kernels (cuDNN attention plans, torch.compile graphs) are built per
+  shape. The CPU's m = 1 leaves batches as they were: padding there only costs time.
 """
 
 from __future__ import annotations
@@ -40,6 +44,17 @@ class Batch:
             self, src=self.src.to(device, non_blocking=non_blocking),
             tgt_in=self.tgt_in.to(device, non_blocking=non_blocking),
             tgt_out=self.tgt_out.to(device, non_blocking=non_blocking))
+
+    def pad_to(self, multiple: int) -> Batch:
+        """The same batch with its source and target lengths padded up to a multiple (itself if they are)."""
+        def widen(t: torch.Tensor) -> torch.Tensor:
+            extra = -t.shape[1] % multiple
+            return torch.nn.functional.pad(t, (0, extra), value=PAD_ID) if extra else t
+
+        if multiple <= 1:
+            return self
+        return dataclasses.replace(self, src=widen(self.src), tgt_in=widen(self.tgt_in),
+                                   tgt_out=widen(self.tgt_out))
 
 
 def _pad(seqs: Sequence[Sequence[int]], pad_id: int, prefix: int | None,
@@ -83,18 +98,28 @@ def collate(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]],
                  tgt_out=torch.from_numpy(tgt_out), n_tgt_tokens=n_tgt, n_src_tokens=n_src)
 
 
-def greedy_cut(sizes: Sequence[int], budget: int) -> list[int]:
+def round_up(n: int, multiple: int) -> int:
+    """n rounded up to a multiple (itself for multiple 1)."""
+    return -(-n // multiple) * multiple
+
+
+def greedy_cut(sizes: Sequence[int], budget: int, rows_multiple: int = 1) -> list[int]:
     """Start offsets (and the end) of batches over examples in length order: each batch takes examples
     while (its largest size) * (its count) stays within budget; an example larger than the budget gets
-    a batch of its own."""
+    a batch of its own. With rows_multiple m, a batch of m examples or more keeps a multiple of m and
+    leaves the rest to the next one."""
     bounds = [0]
-    longest = 0
-    for pos, size in enumerate(sizes):
-        grown = max(longest, size)
-        if pos > bounds[-1] and grown * (pos - bounds[-1] + 1) > budget:
-            bounds.append(pos)
-            grown = size
-        longest = grown
+    longest, pos = 0, 0
+    while pos < len(sizes):
+        grown = max(longest, sizes[pos])
+        count = pos - bounds[-1]
+        if count and grown * (count + 1) > budget:
+            if count > rows_multiple:
+                count -= count % rows_multiple
+            bounds.append(bounds[-1] + count)
+            longest, pos = 0, bounds[-1]
+            continue
+        longest, pos = grown, pos + 1
     if len(sizes):
         bounds.append(len(sizes))
     return bounds
@@ -111,23 +136,26 @@ def length_sorted_batches(lengths: Sequence[int], max_tokens: int) -> list[list[
 class TokenBatchSampler:
     """Length-grouped training batches of example indices whose padded size fits in batch_tokens.
 
-    Examples are sorted by (target, source) length and cut by `greedy_cut` on max(source, target) + 1.
+    Examples are sorted by (target, source) length and cut by `greedy_cut` on max(source, target) + 1
+    (rounded up to pad_to_multiple, whose multiple the batch's row count also is: see the module's notes).
     Each epoch shuffles examples of identical lengths and the order of the batches, deterministically
     from (seed, epoch), so the batch count is the same every epoch and a resumed run can skip exactly
     the batches it already trained on. Without shuffle, batches come shortest first.
     """
 
     def __init__(self, lengths: Sequence[Sequence[int]] | np.ndarray, batch_tokens: int,
-                 shuffle: bool = True, seed: int = 0) -> None:
+                 shuffle: bool = True, seed: int = 0, pad_to_multiple: int = 1) -> None:
         lengths = np.asarray(lengths, dtype=np.int64).reshape(-1, 2)
         self.src_lens, self.tgt_lens = lengths[:, 0].copy(), lengths[:, 1].copy()
         self.batch_tokens = batch_tokens
         self.shuffle = shuffle
         self.seed = seed
+        self.pad_to_multiple = pad_to_multiple
         # Only lengths matter, and the sorted lengths are the same every epoch: cut once.
         order = np.lexsort((self.src_lens, self.tgt_lens))
         sizes = np.maximum(self.src_lens[order], self.tgt_lens[order]) + 1
-        self._bounds = greedy_cut(sizes.tolist(), batch_tokens)
+        sizes = -(-sizes // pad_to_multiple) * pad_to_multiple
+        self._bounds = greedy_cut(sizes.tolist(), batch_tokens, pad_to_multiple)
 
     def __len__(self) -> int:
         return max(len(self._bounds) - 1, 0)
@@ -150,3 +178,17 @@ class TokenBatchSampler:
         # Every rank must take the same number of steps, so the remainder is dropped.
         usable = self.num_batches(world_size) * world_size
         return out[:usable][rank::world_size]
+
+    def shapes(self, epoch: int = 0) -> list[tuple[int, int, int]]:
+        """(rows, source length, target length) of each padded batch of an epoch, as `Batch.pad_to` makes
+        them (the target's <bos> + y and y + <eos> have the same length)."""
+        m = self.pad_to_multiple
+        return [(len(b), round_up(int(self.src_lens[b].max()) + 1, m),
+                 round_up(int(self.tgt_lens[b].max()) + 1, m)) for b in self.batches(epoch)]
+
+    def padding_fraction(self, epoch: int = 0) -> float:
+        """The share of an epoch's padded source and target positions that are padding."""
+        batches = self.batches(epoch)
+        real = sum(int(self.src_lens[b].sum() + self.tgt_lens[b].sum()) + 2 * len(b) for b in batches)
+        padded = sum(rows * (src + tgt) for rows, src, tgt in self.shapes(epoch))
+        return 1.0 - real / padded if padded else 0.0

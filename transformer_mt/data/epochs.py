@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 
-from transformer_mt.data.batching import TokenBatchSampler
+from transformer_mt.data.batching import Batch, TokenBatchSampler
 from transformer_mt.data.encode import EncodedSplit
 from transformer_mt.data.segmentation import SubwordSampler
 
@@ -22,17 +22,25 @@ class TrainingEpochs:
     validation or a resume asks for them again."""
 
     def __init__(self, train: EncodedSplit, batch_tokens: int, seed: int,
-                 subwords: SubwordSampler | None = None) -> None:
+                 subwords: SubwordSampler | None = None, pad_to_multiple: int = 1) -> None:
         self.train, self.batch_tokens, self.seed, self.subwords = train, batch_tokens, seed, subwords
+        self.pad_to_multiple = pad_to_multiple  # batch lengths and row counts (batching.py)
         self._latest: tuple[int, EncodedSplit, TokenBatchSampler] | None = None
 
     def __call__(self, epoch: int) -> tuple[EncodedSplit, TokenBatchSampler]:
         """(pairs, sampler) of `epoch`: the sampler's batches(epoch, ...) index the pairs."""
         if self._latest is None or (self.subwords is not None and self._latest[0] != epoch):
             split = self.train if self.subwords is None else self._resegment(epoch)
-            sampler = TokenBatchSampler(split.lengths(), self.batch_tokens, seed=self.seed)
+            sampler = TokenBatchSampler(split.lengths(), self.batch_tokens, seed=self.seed,
+                                        pad_to_multiple=self.pad_to_multiple)
+            log.info("epoch %d: %d batches in %d shapes, %.1f%% of their positions padding", epoch + 1,
+                     len(sampler), len(set(sampler.shapes(epoch))), 100 * sampler.padding_fraction(epoch))
             self._latest = (epoch, split, sampler)
         return self._latest[1], self._latest[2]
+
+    def batch(self, split: EncodedSplit, indices: list[int]) -> Batch:
+        """The examples at indices of an epoch's pairs, padded as the sampler counted them."""
+        return split.batch(indices).pad_to(self.pad_to_multiple)
 
     def _resegment(self, epoch: int) -> EncodedSplit:
         assert self.subwords is not None

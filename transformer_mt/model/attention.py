@@ -4,22 +4,77 @@ Tensors are batch-first: B = batch, S = source length, T = target length, D = d_
 hd = D // H. Masks follow F.scaled_dot_product_attention: a boolean `attn_mask` is True where a query
 MAY attend to a key. Padding masks (`src_pad_mask`) are the opposite, True at pad, because that is
 what callers naturally have.
+
+On a GPU the host never reads a tensor on these paths (`free_to_read`), and `scaled_dot_product_attention`
+runs under `sdpa_kernel` with the kernels `use_attention_backends` chose (`device.attention_backends`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# Device types whose tensors the host reads for free. Elsewhere (a GPU) a read such as bool(t) waits for
+# every queued kernel: a host synchronisation, which the hot paths avoid there. Tests empty this tuple to
+# run a GPU's code paths on the CPU.
+FREE_READS: tuple[str, ...] = ("cpu",)
+
+
+def free_to_read(t: Tensor) -> bool:
+    """Whether reading t on the host costs no synchronisation with its device."""
+    return t.device.type in FREE_READS
+
+
+def has_padding(pad_mask: Tensor) -> bool:
+    """Whether a True-at-pad mask has any padding; assumed so where finding out would need a host sync."""
+    return not free_to_read(pad_mask) or bool(pad_mask.any())
+
+
+# --------------------------------------------------------------------------------------------
+# Attention kernels on CUDA
+
+# `device.attention_backends`' names. PyTorch prefers cuDNN's kernel on recent GPUs, which builds a plan
+# for each new shape (docs/performance.md, GPU): the default prefers memory-efficient, then flash.
+BACKENDS = {"efficient": SDPBackend.EFFICIENT_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+            "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
+KERNEL_CHOICE_DEVICES: tuple[str, ...] = ("cuda",)  # where sdpa_kernel applies (tests add "cpu")
+_cuda_backends: list[SDPBackend] = [BACKENDS["efficient"], BACKENDS["flash"]]
+
+
+def use_attention_backends(names: Sequence[str]) -> None:
+    """The SDPA kernels CUDA may use, in order of preference (an empty list leaves it to PyTorch); the
+    process's setting, like torch.backends' flags. A name not in BACKENDS raises ValueError."""
+    unknown = [n for n in names if n not in BACKENDS]
+    if unknown:
+        raise ValueError(f"unknown attention backend(s) {unknown}; choose from {', '.join(BACKENDS)}")
+    global _cuda_backends
+    _cuda_backends = [BACKENDS[n] for n in names]
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float,
+              is_causal: bool) -> Tensor:
+    """F.scaled_dot_product_attention; on CUDA under sdpa_kernel with the chosen kernels (a mask rules
+    out flash, so PyTorch then takes the next one)."""
+    if q.device.type not in KERNEL_CHOICE_DEVICES or not _cuda_backends:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                              is_causal=is_causal)
+    with sdpa_kernel(_cuda_backends, set_priority=True):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                              is_causal=is_causal)
 
 # --------------------------------------------------------------------------------------------
 # Masks
 
 
 def padding_attn_mask(pad_mask: Tensor) -> Tensor | None:
-    """(B, S) bool True-at-pad → (B, 1, 1, S) SDPA mask (True = attend), or None if no padding."""
-    if not bool(pad_mask.any()):
+    """(B, S) bool True-at-pad → (B, 1, 1, S) SDPA mask (True = attend), or None if no padding (known
+    only where reading the mask is free: see `has_padding`)."""
+    if not has_padding(pad_mask):
         return None  # lets SDPA take its mask-free fast path
     allowed = ~pad_mask
     # Guard: a row made only of padding would leave a query with no key at all (NaN softmax in
@@ -143,9 +198,7 @@ class MultiHeadAttention(nn.Module):
                 y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=attn_mask,
                                                    dropout_p=dropout_p, is_causal=is_causal)
         else:
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
-            )  # (B, H, T, hd)
+            y = attention(q, k, v, attn_mask, dropout_p, is_causal)  # (B, H, T, hd)
         y = y.transpose(1, 2).reshape(B, T, D)  # re-assemble heads side by side (and groups)
         return self.out_proj(y), weights
 

@@ -23,6 +23,7 @@ from transformer_mt.model.attention import (
     DecoderCache,
     MultiHeadAttention,
     ensure_some_key,
+    has_padding,
     padding_attn_mask,
 )
 from transformer_mt.model.dropout import Dropout
@@ -206,7 +207,7 @@ class Decoder(nn.Module):
         self_mask = None  # None = plain causal
         if cache is None:
             tgt_pad = tgt == self.pad_id
-            if bool(tgt_pad.any()):
+            if has_padding(tgt_pad):  # (no host sync on a GPU: assumed there)
                 causal = torch.ones(T, T, dtype=torch.bool, device=tgt.device).tril()
                 self_mask = ensure_some_key(causal & ~tgt_pad[:, None, None, :])  # (B,1,T,T)
         # With a cache the caller feeds only real tokens of live hypotheses, so target padding
