@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException
 
 from transformer_mt.config import ServeConfig
 from transformer_mt.errors import UserError
+from transformer_mt.rules import n_best_in_beam
 from transformer_mt.serve.batcher import Batcher, QueueFull, Search
 from transformer_mt.tokenizer import EOS
 from transformer_mt.translator import TextTranslator, Translation
@@ -218,8 +219,9 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> TranslateRequest:
     beam = body.beam_size or cfg.decoding.beam_size
     if beam > limits.max_beam_size:
         raise HTTPException(422, f"beam_size={beam} is above this server's limit of {limits.max_beam_size}")
-    if body.n_best is not None and body.n_best > beam:
-        raise HTTPException(422, f"n_best={body.n_best} is above beam_size={beam}; ask for at most {beam}")
+    too_many = n_best_in_beam(body.n_best or 1, beam, prefix="")
+    if too_many:
+        raise HTTPException(422, too_many[0])
     return body
 
 
