@@ -197,7 +197,7 @@ def check_resumable(state: dict[str, Any], model: Transformer, world_size: int) 
     if "optimizer" not in state:
         raise CheckpointError("cannot resume from an averaged (inference-only) checkpoint; "
                               "resume from the run directory or its latest.pt")
-    saved_world = state.get("world_size", 1)  # checkpoints from before DDP: one process
+    saved_world = state["world_size"]
     if state["batch_in_epoch"] and saved_world != world_size:
         raise CheckpointError(
             f"cannot resume mid-epoch with {world_size} processes: the checkpoint was written by "

@@ -132,7 +132,8 @@ class DeviceConfig(Section):
     # fp16); float32 elsewhere (runtime.precision) | off | bf16 | fp16
     amp: str = "auto"
     # torch.compile the training forward pass (dynamic shapes: token batches vary in both
-    # dimensions). Off by default: measured slower on a 2-core CPU (README, Performance).
+    # dimensions). Off by default: its compile time is paid at every start, and on the CPUs measured
+    # it did not pay it back (docs/performance.md).
     compile: bool = False
 
 
@@ -303,7 +304,6 @@ class ExportConfig:
     """The `export` command: a checkpoint as a CTranslate2 model directory."""
 
     checkpoint: str | None = None  # file, or a run directory (its best checkpoint)
-    format: str = "ctranslate2"
     quantization: str = "int8"  # int8 | int8_float32 | float32 | float16 ...
     output_dir: str | None = None  # null: <run dir>/ct2-<quantization>
     traceback: bool = False

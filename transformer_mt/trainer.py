@@ -131,8 +131,7 @@ class Trainer:
                         self.cfg.training.best_metric, self.best["metric"])
             self.best = {"metric": self.cfg.training.best_metric, "value": None, "epoch": None}
             self.bad_epochs = 0
-        # Older checkpoints lack the flag: an epoch's end was always validated.
-        self.validated_at_step = state.get("validated", state["batch_in_epoch"] == 0)
+        self.validated_at_step = state["validated"]
         self.clock.seconds = state["train_seconds"]
         set_rng_state(state["rng"])
         log.info("resumed at epoch %d, batch %d, step %d, lr %.3g", self.epoch + 1,
