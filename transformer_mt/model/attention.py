@@ -50,6 +50,7 @@ class DecoderCache:
         self.beams: int = 1  # decoder rows per cross-attention row (set by beam search)
         self.self_kv: list[tuple[Tensor, Tensor] | None] = [None] * num_layers
         self.cross_kv: list[tuple[Tensor, Tensor] | None] = [None] * num_layers
+        self.output_weight: Tensor | None = None  # (D, V) copy for this search (Transformer._project)
 
     def reorder(self, index: Tensor, cross_index: Tensor | None = None) -> None:
         """Keep decoder rows `index` (beam reordering, batch shrinking), in place.
