@@ -18,6 +18,7 @@ import statistics
 import time
 from collections.abc import AsyncIterator
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -275,13 +276,21 @@ def attention_map(engine: TextTranslator, text: str, best: Translation) -> Atten
     return AttentionMap(source_tokens=source, target_tokens=target, weights=rounded.tolist())
 
 
+def run_name(checkpoint: str) -> str:
+    """The name of the run a checkpoint file belongs to (its directory): what visitors see of the
+    model, rather than a path on the server."""
+    return Path(checkpoint).resolve().parent.name
+
+
 def describe(engine: TextTranslator, cfg: ServeConfig) -> dict[str, Any]:
-    """What /health reports about the model being served."""
+    """What /health reports about the model being served: the run (each run of an ensemble), not where
+    its files are."""
     info = engine.info
     dataset = (info.get("config") or {}).get("dataset") or {}
     vocab = engine.vocab
     return {
-        "model": info.get("model_dir") or info.get("ensemble") or info.get("checkpoint"),
+        "model": ([run_name(p) for p in info["ensemble"]] if "ensemble" in info
+                  else run_name(info["checkpoint"])),
         "engine": cfg.engine, "step": info.get("step"),
         "device": str(getattr(engine, "device", info.get("device"))),
         "precision": str(getattr(engine, "precision", info.get("compute_type"))),
