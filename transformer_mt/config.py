@@ -178,7 +178,9 @@ class CheckpointConfig(Section):
 
     KEY: ClassVar[str] = "checkpoint"
     root: str = "saved_weights"
-    dir: str | None = None  # null: <root>/<run_name>, or <sweep dir>/<job number> in a multirun
+    # The run directory. `train` sets it to Hydra's output directory unless given, which is
+    # <root>/<run_name>, or <sweep dir>/<job number> in a multirun (resolvers.run_directory).
+    dir: str | None = None
     run_name: str | None = None  # null: <dataset>-<src>-<tgt>-<timestamp>
 
 

@@ -240,6 +240,12 @@ def _needs_checkpoint(cfg: EvaluateConfig | ExportConfig) -> list[str]:
     return [] if cfg.checkpoint else [_CHECKPOINT]
 
 
+def _needs_run_dir(cfg: TrainConfig) -> list[str]:
+    return [] if cfg.checkpoint.dir else ["checkpoint.dir=null leaves the run without a directory; name "
+                                          "one, or leave the key out (the command line and compose() "
+                                          "then set it)"]
+
+
 # Rules between keys, by schema: a section's own, then a command's across its sections.
 RELATIONS: dict[str, Callable[[Any], list[str]]] = {
     "ModelConfig": _model_relations, "DatasetConfig": _dataset_relations,
@@ -250,7 +256,7 @@ RELATIONS: dict[str, Callable[[Any], list[str]]] = {
 # What a command cannot run without (`--cfg job` prints a config without them).
 REQUIRED: dict[str, Callable[[Any], list[str]]] = {
     "TranslateConfig": _engine_needs, "ServeConfig": _engine_needs, "EvaluateConfig": _needs_checkpoint,
-    "ExportConfig": _needs_checkpoint,
+    "ExportConfig": _needs_checkpoint, "TrainConfig": _needs_run_dir,
 }
 
 

@@ -32,7 +32,7 @@ from transformer_mt.config import TokenizerConfig
 from transformer_mt.errors import ConfigError
 
 SPECIAL_TOKENS: list[str] = list(rules.SPECIAL_TOKENS)
-PAD, BOS, EOS, UNK = SPECIAL_TOKENS
+_, BOS, EOS, UNK = SPECIAL_TOKENS  # <pad> is only ever used by its id
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(len(SPECIAL_TOKENS))
 SPACE_MARK = "▁"  # U+2581, how word-initial spaces are shown (and stored, for wordlevel)
 
