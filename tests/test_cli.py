@@ -9,6 +9,7 @@ import pytest
 from tests.conftest import run_cli
 from transformer_mt.cli import main
 from transformer_mt.composition import explain_composition_error
+from transformer_mt.errors import ConfigError
 
 
 def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
@@ -67,6 +68,12 @@ def test_a_checkpoint_dir_through_a_link_is_fine(tmp_path: Path) -> None:
     (tmp_path / "disk").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "disk")
     precheck("train", [f"checkpoint.dir={tmp_path}/link/run"])
+
+
+def test_traceback_true_holds_before_hydra_starts_too() -> None:
+    """One condition for a traceback: `traceback=true` also shows it for a mistake found before the run."""
+    with pytest.raises(ConfigError, match="model.dropout"):
+        main(["train", "model.dropout=2", "traceback=true"])
 
 
 def test_every_problem_is_reported_together(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,7 +3,7 @@
 Hydra stays in charge of overrides, `--cfg`, `--help`, `-m` multirun and shell completion. Before it
 starts, every job is composed once in this process (`composition.precheck`), so that a typo, a wrong
 type or an impossible value ends the command at once with one line naming the key. Errors a user can
-fix (`errors.UserError`) are one line during the run too (`one_line`); the traceback comes with
+fix (`errors.UserError`) are one line during the run too (`_one_line`); the traceback comes with
 `traceback=true` or HYDRA_FULL_ERROR=1.
 """
 
@@ -91,7 +91,7 @@ def _job(command: str) -> Callable[..., Any]:
     return translate
 
 
-def one_line(ex: UserError, traceback: bool) -> int:
+def _one_line(ex: UserError, traceback: bool) -> int:
     """Print a UserError as `error: <message>` and return the exit code, 2; with `traceback=true` or
     HYDRA_FULL_ERROR=1 raise it instead, traceback and all."""
     if traceback or os.environ.get("HYDRA_FULL_ERROR") == "1":
@@ -115,7 +115,7 @@ def run_command(command: str, cfg: DictConfig, extras: Extras) -> Any:
             typed.text = extras.text
         return _job(command)(typed)
     except UserError as ex:
-        sys.exit(one_line(ex, typed.traceback))
+        sys.exit(_one_line(ex, typed.traceback))
 
 
 def _hydra_main(command: str, extras: Extras) -> Callable[[], Any]:
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             rest = with_resumed_overrides(rest)
         precheck(command, rest)
     except UserError as ex:
-        return one_line(ex, _asks_traceback(rest))
+        return _one_line(ex, _asks_traceback(rest))
     if world is None:
         sys.argv = ["transformer-mt", *rest]
         _hydra_main(command, extras)()

@@ -1,7 +1,7 @@
 """Typed configuration: what every setting is, and its default.
 
 Hydra composes YAML from `configs/` on top of these dataclasses (registered in the ConfigStore by
-`composition.register`), so a misspelt key or a wrong type fails during composition, and a YAML file
+`resolvers.register`), so a misspelt key or a wrong type fails during composition, and a YAML file
 states only what differs from them. Which values a setting allows is in `rules.py`; `validate` applies
 those rules and reports every problem at once. A section can also check itself
 (`ModelConfig(...).check()`), which is how the model, the tokenizer and the search give Python callers
