@@ -69,7 +69,7 @@ class Trainer:
         self.precision = precision(cfg.device, self.device)
         self.amp = self.precision.dtype
         seed_everything(cfg.seed)
-        state = None
+        state: dict[str, Any] | None = None
         if cfg.resume:
             path, state = ckpt.load_latest_good(cfg.resume)
             log.info("resuming from %s", path)
