@@ -137,9 +137,9 @@ class MultiHeadAttention(nn.Module):
             weights = probs.view(A, self.n_heads, B // A, T, S).transpose(1, 2).reshape(B, -1, T, S)
             y = F.dropout(probs, dropout_p, self.training) @ v  # (B, H, T, hd)
         elif x.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-            # torch's CPU attention kernels are slower in bf16 than in float32 (forward and backward;
-            # docs/performance.md): the small score matrices are computed in float32, outside
-            # autocast, while the projections around them stay in bf16.
+            # torch's CPU attention kernels are slower in bf16 than in float32, forward and backward:
+            # the small score matrices are computed in float32, outside autocast, while the
+            # projections around them stay in bf16.
             with torch.autocast("cpu", enabled=False):
                 y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=attn_mask,
                                                    dropout_p=dropout_p, is_causal=is_causal)
