@@ -9,6 +9,7 @@ import pytest
 from tests.conftest import run_cli
 from transformer_mt.cli import main
 from transformer_mt.composition import explain_composition_error
+from transformer_mt.errors import ConfigError
 
 
 def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
@@ -69,18 +70,10 @@ def test_a_checkpoint_dir_through_a_link_is_fine(tmp_path: Path) -> None:
     precheck("train", [f"checkpoint.dir={tmp_path}/link/run"])
 
 
-def test_a_preloaded_checkpoint_goes_to_one_job_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The optimizer adopts a checkpoint's tensors: two jobs of a sweep must not share them."""
-    from transformer_mt import cli
-    from transformer_mt.composition import compose_hydra
-
-    seen = []
-    monkeypatch.setattr(cli, "_job", lambda command: lambda typed, resume_from=None: seen.append(resume_from))
-    extras = cli.Extras(resume=("latest.pt", {"step": 1}))
-    cfg = compose_hydra("train", ["debug=tiny"])
-    cli.run_command("train", cfg, extras)
-    cli.run_command("train", cfg, extras)
-    assert seen == [("latest.pt", {"step": 1}), None]
+def test_traceback_true_holds_before_hydra_starts_too() -> None:
+    """One condition for a traceback: `traceback=true` also shows it for a mistake found before the run."""
+    with pytest.raises(ConfigError, match="model.dropout"):
+        main(["train", "model.dropout=2", "traceback=true"])
 
 
 def test_every_problem_is_reported_together(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,10 +11,10 @@ import torch
 import transformer_mt as tmt
 from tests.conftest import tiny_overrides
 from transformer_mt.checkpoint import TRAINED, UPDATES, average_checkpoints, load_checkpoint
-from transformer_mt.composition import with_resumed_overrides
 from transformer_mt.config import ModelConfig
 from transformer_mt.ema import WeightAverage, warmed_up_decay
 from transformer_mt.model import Transformer
+from transformer_mt.overrides import with_resumed_overrides
 from transformer_mt.trainer import Trainer
 from transformer_mt.validation import validation_loss
 
@@ -69,8 +69,8 @@ def ema_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
 
 
 def _resumed_trainer(checkpoint: Path, run_dir: Path, *overrides: str) -> Trainer:
-    replayed, resume_from = with_resumed_overrides([f"resume={checkpoint}", *overrides])
-    return Trainer(tmt.compose("train", replayed), run_dir, resume_from=resume_from)
+    replayed = with_resumed_overrides([f"resume={checkpoint}", *overrides])
+    return Trainer(tmt.compose("train", replayed), run_dir)
 
 
 def test_a_run_with_ema_validates_and_saves_the_average(ema_run: Path, tmp_path: Path) -> None:

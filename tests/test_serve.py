@@ -106,14 +106,15 @@ def test_an_ensemble_is_served(tiny_run: Path) -> None:
     cfg = serve_config(Path(members))
     pair = Translator.from_checkpoint(members, device="cpu", decoding=cfg.decoding, amp="off")
     with TestClient(create_app(pair, cfg)) as c:
-        assert c.get("/health").json()["model"] == members.split(",")
+        assert c.get("/health").json()["model"] == [tiny_run.resolve().name] * 2  # runs' names, no paths
         body = c.post("/translate", json={"text": SENTENCES[:3], "prefix": ["Il", "Je", ""]}).json()
         assert body["translations"] == pair.translate(SENTENCES[:3], prefixes=["Il", "Je", ""])
 
 
-def test_health_metrics_page_and_schema(client: TestClient, engine: Translator) -> None:
+def test_health_metrics_page_and_schema(client: TestClient, engine: Translator, tiny_run: Path) -> None:
     health = client.get("/health").json()
     assert health["status"] == "ok" and health["engine"] == "pytorch"
+    assert health["model"] == tiny_run.resolve().name and str(tiny_run) not in json.dumps(health)  # no path
     assert health["vocabulary"]["target_size"] == engine.vocab.tgt_vocab_size
     assert health["languages"] == {"source": "en", "target": "fr"}
     client.post("/translate", json={"text": ["I am cold.", "He is sleeping."]})

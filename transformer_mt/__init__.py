@@ -47,13 +47,12 @@ def _typed(command: str, config: Any) -> Any:
 def train(config: Any = ()) -> float:
     """`transformer-mt train`: overrides or a TrainConfig in, the best validation metric out; with
     `resume=<run>` among the overrides, the run's own overrides are replayed first, as on the command line."""
-    from transformer_mt.composition import with_resumed_overrides
     from transformer_mt.jobs.train import train as job
+    from transformer_mt.overrides import with_resumed_overrides
 
-    resume_from = None
     if isinstance(config, (list, tuple)):
-        config, resume_from = with_resumed_overrides(config)
-    return job(_typed("train", config), resume_from=resume_from)
+        config = with_resumed_overrides(config)
+    return job(_typed("train", config))
 
 
 def evaluate(config: Any = ()) -> float:

@@ -66,13 +66,15 @@ def keep_checkpoint(state: dict[str, Any], run_dir: Path, name: str | None, keep
     return path
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load safely (`weights_only=True`: no code runs) and check it is one of ours."""
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
+                    mmap: bool = False) -> dict[str, Any]:
+    """Load safely (`weights_only=True`: no code runs) and check it is one of ours. With mmap, tensors
+    are mapped from the file and read only when used."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as ex:
         raise CheckpointError(f"checkpoint {path} was refused: it holds objects other than tensors "
                               f"and plain data, which could run code when loaded ({_first_line(ex)})") from ex
@@ -114,7 +116,7 @@ def resolve_checkpoint(path: str | Path, prefer: str = BEST) -> Path:
     raise CheckpointError(f"no checkpoint in {path}; expected {BEST}, {LATEST} or epoch_NNN.pt")
 
 
-def load_latest_good(path: str | Path) -> tuple[Path, dict[str, Any]]:
+def load_latest_good(path: str | Path, mmap: bool = False) -> tuple[Path, dict[str, Any]]:
     """The newest loadable checkpoint of a run: latest.pt, else epoch files newest first.
 
     A crash can only truncate a file being written under a temporary name, but a disk can still
@@ -122,17 +124,23 @@ def load_latest_good(path: str | Path) -> tuple[Path, dict[str, Any]]:
     """
     path = Path(path).expanduser()
     if path.is_file():
-        return path, load_checkpoint(path)
+        return path, load_checkpoint(path, mmap=mmap)
     first = resolve_checkpoint(path, prefer=LATEST)
     candidates = [first] + [p for p in reversed(numbered_checkpoints(path)) if p != first]
     problems = []
     for candidate in candidates:
         try:
-            return candidate, load_checkpoint(candidate)
+            return candidate, load_checkpoint(candidate, mmap=mmap)
         except CheckpointError as ex:
             problems.append(str(ex))
             log.warning("%s; trying the previous checkpoint", ex)
     raise CheckpointError(f"no loadable checkpoint in {path}: {problems[0]}")
+
+
+def saved_overrides(path: str | Path) -> list[str]:
+    """The overrides a run was started with, from the checkpoint `resume=path` continues from. Its
+    tensors stay on disk (mmap), so that resuming reads them once: in the Trainer."""
+    return load_latest_good(path, mmap=True)[1]["overrides"]
 
 
 def prune_checkpoints(run_dir: Path, keep_last: int) -> None:
@@ -197,7 +205,7 @@ def check_resumable(state: dict[str, Any], model: Transformer, world_size: int) 
     if "optimizer" not in state:
         raise CheckpointError("cannot resume from an averaged (inference-only) checkpoint; "
                               "resume from the run directory or its latest.pt")
-    saved_world = state.get("world_size", 1)  # checkpoints from before DDP: one process
+    saved_world = state["world_size"]
     if state["batch_in_epoch"] and saved_world != world_size:
         raise CheckpointError(
             f"cannot resume mid-epoch with {world_size} processes: the checkpoint was written by "

@@ -1,10 +1,10 @@
 """The `transformer-mt` command: picks the sub-command, checks its config, and hands over to Hydra.
 
 Hydra stays in charge of overrides, `--cfg`, `--help`, `-m` multirun and shell completion. Before it
-starts, every job is composed once in this process (`compose.precheck`), so that a typo, a wrong type or
-an impossible value ends the command at once with one line naming the key. Errors a user can fix
-(`config.UserError`) are one line during the run too; the traceback comes with `traceback=true` or
-HYDRA_FULL_ERROR=1.
+starts, every job is composed once in this process (`composition.precheck`), so that a typo, a wrong
+type or an impossible value ends the command at once with one line naming the key. Errors a user can
+fix (`errors.UserError`) are one line during the run too (`_one_line`); the traceback comes with
+`traceback=true` or HYDRA_FULL_ERROR=1.
 """
 
 from __future__ import annotations
@@ -18,16 +18,11 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from transformer_mt.composition import (
-    MULTIRUN_FLAGS,
-    ensemble_checkpoints,
-    precheck,
-    register,
-    split_flags,
-    with_resumed_overrides,
-)
+from transformer_mt.composition import precheck
 from transformer_mt.config import CONFIG_DIR, SCHEMAS, to_dataclass, validate
 from transformer_mt.errors import UserError
+from transformer_mt.overrides import MULTIRUN_FLAGS, ensemble_checkpoints, split_flags, with_resumed_overrides
+from transformer_mt.resolvers import register
 
 COMMANDS = {
     "train": "train a model (checkpoints, TensorBoard logs and validation every epoch)",
@@ -62,7 +57,6 @@ class Extras:
     """What the command line hands a job besides its config."""
 
     text: str | None = None  # translate: text= taken verbatim, out of Hydra's override grammar
-    resume: tuple[Any, dict[str, Any]] | None = None  # train: the checkpoint resume= loaded, once
 
 
 def _take_verbatim_text(args: list[str], extras: Extras) -> list[str]:
@@ -97,6 +91,21 @@ def _job(command: str) -> Callable[..., Any]:
     return translate
 
 
+def _one_line(ex: UserError, traceback: bool) -> int:
+    """Print a UserError as `error: <message>` and return the exit code, 2; with `traceback=true` or
+    HYDRA_FULL_ERROR=1 raise it instead, traceback and all."""
+    if traceback or os.environ.get("HYDRA_FULL_ERROR") == "1":
+        raise ex
+    print(f"error: {ex}", file=sys.stderr)
+    return 2
+
+
+def _asks_traceback(overrides: list[str]) -> bool:
+    """`traceback=true` among the overrides (the last one given wins), read before anything is composed."""
+    values = [o.partition("=")[2].lower() for o in overrides if o.startswith("traceback=")]
+    return bool(values) and values[-1] in ("true", "yes", "on", "1")
+
+
 def run_command(command: str, cfg: DictConfig, extras: Extras) -> Any:
     """The Hydra task function: typed config in, the job's result out (a sweep's objective)."""
     typed = to_dataclass(cfg, SCHEMAS[command])
@@ -104,17 +113,9 @@ def run_command(command: str, cfg: DictConfig, extras: Extras) -> Any:
         validate(typed)
         if command == "translate" and extras.text is not None:
             typed.text = extras.text
-        if command == "train":
-            # Handed over once: the optimizer takes the checkpoint's tensors as its own, so each job
-            # of a sweep that resumes loads its own copy.
-            resume, extras.resume = extras.resume, None
-            return _job(command)(typed, resume_from=resume)
         return _job(command)(typed)
     except UserError as ex:
-        if typed.traceback or os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise
-        print(f"error: {ex}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(_one_line(ex, typed.traceback))
 
 
 def _hydra_main(command: str, extras: Extras) -> Callable[[], Any]:
@@ -162,13 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         world = _torchrun_world(command, rest)
         if command == "train":
-            rest, extras.resume = with_resumed_overrides(rest)
+            rest = with_resumed_overrides(rest)
         precheck(command, rest)
     except UserError as ex:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise
-        print(f"error: {ex}", file=sys.stderr)
-        return 2
+        return _one_line(ex, _asks_traceback(rest))
     if world is None:
         sys.argv = ["transformer-mt", *rest]
         _hydra_main(command, extras)()

@@ -1,7 +1,7 @@
 """Typed configuration: what every setting is, and its default.
 
 Hydra composes YAML from `configs/` on top of these dataclasses (registered in the ConfigStore by
-`composition.register`), so a misspelt key or a wrong type fails during composition, and a YAML file
+`resolvers.register`), so a misspelt key or a wrong type fails during composition, and a YAML file
 states only what differs from them. Which values a setting allows is in `rules.py`; `validate` applies
 those rules and reports every problem at once. A section can also check itself
 (`ModelConfig(...).check()`), which is how the model, the tokenizer and the search give Python callers
@@ -132,7 +132,8 @@ class DeviceConfig(Section):
     # fp16); float32 elsewhere (runtime.precision) | off | bf16 | fp16
     amp: str = "auto"
     # torch.compile the training forward pass (dynamic shapes: token batches vary in both
-    # dimensions). Off by default: measured slower on a 2-core CPU (README, Performance).
+    # dimensions). Off by default: its compile time is paid at every start, and on the CPUs measured
+    # it did not pay it back (docs/performance.md).
     compile: bool = False
     # (compile: with training.pad_to_multiple > 1, a GPU's default, each of an epoch's few batch shapes
     # is compiled once, as a static graph: runtime.compiled)
@@ -186,7 +187,9 @@ class CheckpointConfig(Section):
 
     KEY: ClassVar[str] = "checkpoint"
     root: str = "saved_weights"
-    dir: str | None = None  # null: <root>/<run_name>, or <sweep dir>/<job number> in a multirun
+    # The run directory. `train` sets it to Hydra's output directory unless given, which is
+    # <root>/<run_name>, or <sweep dir>/<job number> in a multirun (resolvers.run_directory).
+    dir: str | None = None
     run_name: str | None = None  # null: <dataset>-<src>-<tgt>-<timestamp>
 
 
@@ -320,7 +323,6 @@ class ExportConfig:
     """The `export` command: a checkpoint as a CTranslate2 model directory."""
 
     checkpoint: str | None = None  # file, or a run directory (its best checkpoint)
-    format: str = "ctranslate2"
     quantization: str = "int8"  # int8 | int8_float32 | float32 | float16 ...
     output_dir: str | None = None  # null: <run dir>/ct2-<quantization>
     traceback: bool = False

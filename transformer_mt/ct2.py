@@ -218,10 +218,8 @@ class CT2Translator(TextTranslator):
         self.meta = meta
         self.max_positions = int(meta["model_config"]["max_positions"])
         self.decoding = decoding or DecodingConfig()
-        limit = self.max_positions - 1  # room for the source's <eos>
-        self.max_input_tokens = min(max_input_tokens or limit, limit)
+        self.limit_inputs(self.max_positions, max_input_tokens)
         self.info = info or {}
-        self.truncated = 0
         self._src_itos = [vocab.src.id_to_token(i) for i in range(vocab.src_vocab_size)]
         self._tgt_stoi = vocab.tgt.get_vocab(with_added_tokens=True)
         self._banned = [[vocab.tgt.id_to_token(i)] for i in sorted({PAD_ID, BOS_ID} - {EOS_ID})]

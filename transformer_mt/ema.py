@@ -40,7 +40,6 @@ class WeightAverage:
     def update(self, model: Transformer) -> None:
         """Move the average towards the model's current weights (after an optimizer step)."""
         self.averaged.update_parameters(model)
-        self.model.train()  # drops an inference-only copy of the old output weights (Transformer._project)
 
     def checkpoint_entries(self, model: Transformer) -> dict[str, Any]:
         """A checkpoint's weights: the average to translate with, the trained weights to resume from."""

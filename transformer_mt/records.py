@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from transformer_mt.checkpoint import BEST, LATEST
 from transformer_mt.metrics import HIGHER_IS_BETTER, Scores
 
 RESULT = "result.json"
@@ -90,8 +91,8 @@ class RunRecords:
         if self.writer is None:
             return
         scores = best_scores(self.run_dir)
-        best = self.run_dir / "best.pt"
-        checkpoint = best if best.exists() else self.run_dir / "latest.pt"
+        best = self.run_dir / BEST
+        checkpoint = best if best.exists() else self.run_dir / LATEST
         result = {**result, "higher_is_better": HIGHER_IS_BETTER[result["best_metric"]],
                   "best_bleu": scores["bleu"], "best_chrf": scores["chrf"],
                   "best_valid_loss": scores["valid_loss"], "checkpoint": str(checkpoint.resolve())}

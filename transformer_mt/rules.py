@@ -40,7 +40,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "split": ("test", "valid"),
     "engine": ("pytorch", "ctranslate2"),
     "input_format": ("text", "tsv"),
-    "format": ("ctranslate2",),
     "quantization": ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
                      "bfloat16", "float32"),
 }
@@ -111,13 +110,15 @@ RANGES: dict[str, Rule] = {
     "limits.timeout_s": POSITIVE,
 }
 
-SPECIAL_TOKENS = 4  # <pad> <bos> <eos> <unk>, ids 0-3 (transformer_mt.tokenizer)
+# Every vocabulary starts with these, ids 0-3 in this order (transformer_mt.tokenizer takes them from
+# here, where the smallest vocabulary size counts them).
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 BYTE_ALPHABET = 256  # byte-level BPE starts from every byte
 
 
 def min_vocab_size(kind: str) -> int:
     """The smallest vocabulary a tokenizer kind can be trained with."""
-    return SPECIAL_TOKENS + (BYTE_ALPHABET if kind == "bpe" else 1)
+    return len(SPECIAL_TOKENS) + (BYTE_ALPHABET if kind == "bpe" else 1)
 
 
 def _model_relations(m: ModelConfig) -> list[str]:
@@ -171,7 +172,7 @@ def _parallel_files(d: DatasetConfig) -> list[str]:
 
 def _tokenizer_relations(t: TokenizerConfig) -> list[str]:
     minimum = min_vocab_size(t.kind)
-    parts = f"{SPECIAL_TOKENS} special tokens + {'256 bytes' if t.kind == 'bpe' else '1 symbol'}"
+    parts = f"{len(SPECIAL_TOKENS)} special tokens + {'256 bytes' if t.kind == 'bpe' else '1 symbol'}"
     found = out_of_range("tokenizer.vocab_size", t.vocab_size, t.vocab_size >= minimum,
                          f">= {minimum} for tokenizer={t.kind} ({parts})")
     # Subword regularisation: BPE-dropout for bpe, sampling for unigram (data/segmentation.py).
@@ -201,9 +202,15 @@ def _training_relations(t: TrainingConfig) -> list[str]:
                         "checkpoints average")
 
 
+def n_best_in_beam(n_best: int, beam_size: int, prefix: str = "decoding.") -> list[str]:
+    """An n-best list is taken from the beam: 1 <= n_best <= beam_size (the config, and a request to
+    the server, whose keys have no prefix)."""
+    return out_of_range(f"{prefix}n_best", n_best, 1 <= n_best <= beam_size,
+                        f"between 1 and {prefix}beam_size ({beam_size})")
+
+
 def _decoding_relations(dc: DecodingConfig) -> list[str]:
-    return out_of_range("decoding.n_best", dc.n_best, 1 <= dc.n_best <= dc.beam_size,
-                        f"between 1 and decoding.beam_size ({dc.beam_size})")
+    return n_best_in_beam(dc.n_best, dc.beam_size)
 
 
 def _train_relations(cfg: TrainConfig) -> list[str]:
@@ -247,6 +254,12 @@ def _needs_checkpoint(cfg: EvaluateConfig | ExportConfig) -> list[str]:
     return [] if cfg.checkpoint else [_CHECKPOINT]
 
 
+def _needs_run_dir(cfg: TrainConfig) -> list[str]:
+    return [] if cfg.checkpoint.dir else ["checkpoint.dir=null leaves the run without a directory; name "
+                                          "one, or leave the key out (the command line and compose() "
+                                          "then set it)"]
+
+
 # Rules between keys, by schema: a section's own, then a command's across its sections.
 RELATIONS: dict[str, Callable[[Any], list[str]]] = {
     "ModelConfig": _model_relations, "DatasetConfig": _dataset_relations,
@@ -258,7 +271,7 @@ RELATIONS: dict[str, Callable[[Any], list[str]]] = {
 # What a command cannot run without (`--cfg job` prints a config without them).
 REQUIRED: dict[str, Callable[[Any], list[str]]] = {
     "TranslateConfig": _engine_needs, "ServeConfig": _engine_needs, "EvaluateConfig": _needs_checkpoint,
-    "ExportConfig": _needs_checkpoint,
+    "ExportConfig": _needs_checkpoint, "TrainConfig": _needs_run_dir,
 }
 
 

@@ -9,7 +9,8 @@ Two rules are shared with the CTranslate2 engine (`transformer_mt.ct2`) and live
   floor(max_len_a * n + max_len_b) tokens, capped at max_positions - 1 (the decoder also needs a
   position for <bos>); <eos> is then forced.
 - `gnmt_penalty`: beam hypotheses are ranked by their log-prob sum divided by the GNMT penalty.
-`tokens` never include bos/eos, and the search never emits pad or bos.
+`tokens` never include bos/eos, and the search never emits pad or bos. Arguments that are also
+settings (`decoding.*`) default to the config's values and obey its rules (`DecodingConfig.check`).
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from transformer_mt.config import DecodingConfig
 from transformer_mt.model import DecoderCache, Transformer
 from transformer_mt.model.attention import free_to_read
+
+DEFAULT = DecodingConfig()  # the search arguments' defaults: `decoding`'s own
 
 
 @dataclass
@@ -191,18 +195,21 @@ def _left_to_right(model: Transformer, src: Tensor, choose: Callable[[Tensor], T
     return [[h] for h in hyps if h is not None]
 
 
-def greedy_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, max_len_a: float = 1.2,
-                  max_len_b: int = 10, use_cache: bool = True, return_attention: bool = False,
+def greedy_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
+                  max_len_a: float = DEFAULT.max_len_a, max_len_b: int = DEFAULT.max_len_b,
+                  use_cache: bool = DEFAULT.use_cache, return_attention: bool = False,
                   prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Hypothesis]]:
     """Arg-max decoding; use_cache=False recomputes the whole prefix each step (slow reference).
     With prefixes, each output starts with its sentence's token ids, then continues freely."""
+    DecodingConfig(max_len_a=max_len_a, max_len_b=max_len_b).check()
     return _left_to_right(model, src, lambda logp: logp.argmax(dim=-1),
                           Ends(bos_id, eos_id, max_len_a, max_len_b), use_cache, return_attention,
                           forced_tokens(prefixes, src.size(0), src.device))
 
 
-def sample(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, temperature: float = 1.0,
-           top_k: int = 0, top_p: float = 1.0, max_len_a: float = 1.2, max_len_b: int = 10,
+def sample(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
+           temperature: float = DEFAULT.temperature, top_k: int = DEFAULT.top_k, top_p: float = DEFAULT.top_p,
+           max_len_a: float = DEFAULT.max_len_a, max_len_b: int = DEFAULT.max_len_b,
            generator: torch.Generator | None = None,
            prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Hypothesis]]:
     """Ancestral sampling with temperature, top-k and nucleus (top-p) filtering.
@@ -210,10 +217,8 @@ def sample(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, tempera
     score is the sum of the model's own log-probs of the sampled tokens (before temperature and
     filtering), so it is comparable with greedy scores. top_k=1 reproduces greedy search.
     """
-    if temperature <= 0:
-        raise ValueError("temperature must be > 0 (use greedy_search for arg-max decoding)")
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError("top_p must be in (0, 1]")
+    DecodingConfig(temperature=temperature, top_k=top_k, top_p=top_p, max_len_a=max_len_a,
+                   max_len_b=max_len_b).check()
 
     def choose(logp: Tensor) -> Tensor:
         logits = logp / temperature
@@ -281,8 +286,10 @@ def _sentence_done(finished: list[Hypothesis], best_live: float, t: int, max_len
 
 
 @torch.inference_mode()
-def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, beam_size: int = 5,
-                length_penalty: float = 0.6, max_len_a: float = 1.2, max_len_b: int = 10, n_best: int = 1,
+def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
+                beam_size: int = DEFAULT.beam_size, length_penalty: float = DEFAULT.length_penalty,
+                max_len_a: float = DEFAULT.max_len_a, max_len_b: int = DEFAULT.max_len_b,
+                n_best: int = DEFAULT.n_best,
                 return_attention: bool = False, exhaustive: bool = False,
                 prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Hypothesis]]:
     """Batched beam search (fairseq-style) returning the n_best hypotheses per sentence.
@@ -293,8 +300,8 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, be
     greedy. Done sentences (`_sentence_done`) leave the batch and the cache. With prefixes, every beam
     of a sentence starts with its prefix's token ids (one live beam until the prefix ends).
     """
-    if beam_size < 1 or not 1 <= n_best <= beam_size:
-        raise ValueError("need beam_size >= 1 and 1 <= n_best <= beam_size")
+    DecodingConfig(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a,
+                   max_len_b=max_len_b, n_best=n_best).check()
     K, alpha, ends, device = beam_size, length_penalty, Ends(bos_id, eos_id, max_len_a, max_len_b), src.device
     B = src.size(0)
     memory, src_pad = model.encode(src)  # once per sentence: (A, S, d), (A, S)

@@ -31,11 +31,10 @@ from transformer_mt import rules
 from transformer_mt.config import TokenizerConfig
 from transformer_mt.errors import ConfigError
 
-PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
-SPECIAL_TOKENS: list[str] = [PAD, BOS, EOS, UNK]
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+SPECIAL_TOKENS: list[str] = list(rules.SPECIAL_TOKENS)
+_, BOS, EOS, UNK = SPECIAL_TOKENS  # <pad> is only ever used by its id
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(len(SPECIAL_TOKENS))
 SPACE_MARK = "▁"  # U+2581, how word-initial spaces are shown (and stored, for wordlevel)
-assert len(SPECIAL_TOKENS) == rules.SPECIAL_TOKENS  # what rules.min_vocab_size counts
 
 JOINT_FILE = "tokenizer.json"
 SRC_FILE = "tokenizer_src.json"

@@ -58,10 +58,10 @@ class Trainer:
     """Owns the model, optimizer, schedule and data of one run, and the loop that trains them."""
 
     def __init__(self, cfg: TrainConfig, run_dir: Path, overrides: Sequence[str] = (), job: int | None = None,
-                 resume_from: tuple[Path, dict[str, Any]] | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        """`overrides` and `job` (its number in a sweep) go into the checkpoints and result.json;
-        `resume_from` is a checkpoint already loaded; `clock` reads seconds (tests pass a fake one)."""
+        """`overrides` and `job` (its number in a sweep) go into the checkpoints and result.json; with
+        `resume`, the run continues from its newest good checkpoint (read here, once); `clock` reads
+        seconds (tests pass a fake one)."""
         self.cfg, self.run_dir, self.overrides, self.job = cfg, run_dir, list(overrides), job
         t = cfg.training
         self.world = distributed.current()
@@ -73,11 +73,10 @@ class Trainer:
         self.precision = precision(cfg.device, self.device)
         self.amp = self.precision.dtype
         seed_everything(cfg.seed)
-        if resume_from is None and cfg.resume:
-            resume_from = ckpt.load_latest_good(cfg.resume)
-        state = resume_from[1] if resume_from else None
-        if resume_from:
-            log.info("resuming from %s", resume_from[0])
+        state: dict[str, Any] | None = None
+        if cfg.resume:
+            path, state = ckpt.load_latest_good(cfg.resume)
+            log.info("resuming from %s", path)
 
         vocab = Vocabulary.from_json(state["tokenizer"]) if state else None  # resuming: the run's own
         self.data = distributed.prepare_data(cfg.dataset, cfg.tokenizer, run_dir, vocab, self.world)
@@ -137,8 +136,7 @@ class Trainer:
                         self.cfg.training.best_metric, self.best["metric"])
             self.best = {"metric": self.cfg.training.best_metric, "value": None, "epoch": None}
             self.bad_epochs = 0
-        # Older checkpoints lack the flag: an epoch's end was always validated.
-        self.validated_at_step = state.get("validated", state["batch_in_epoch"] == 0)
+        self.validated_at_step = state["validated"]
         self.clock.seconds = state["train_seconds"]
         set_rng_state(state["rng"])
         log.info("resumed at epoch %d, batch %d, step %d, lr %.3g", self.epoch + 1,

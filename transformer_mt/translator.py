@@ -93,13 +93,19 @@ class Translation:
 class TextTranslator:
     """What every engine offers on top of its own `translate_nbest`: strings in, strings out.
 
-    Subclasses set `vocab`, `decoding`, `max_input_tokens` and `truncated`.
+    Subclasses set `vocab` and `decoding`, and call `limit_inputs`.
     """
 
     vocab: Vocabulary
     decoding: DecodingConfig
     max_input_tokens: int
     truncated: int
+
+    def limit_inputs(self, max_positions: int, max_input_tokens: int | None) -> None:
+        """Sources are cut to max_input_tokens, and always to the model's positions less one for their
+        <eos>; `truncated` counts the sources cut."""
+        self.max_input_tokens = min(max_input_tokens or max_positions - 1, max_positions - 1)
+        self.truncated = 0
 
     def translate_nbest(self, sentences: list[str], return_attention: bool = False,
                         prefixes: list[str] | None = None, **options: Any) -> list[list[Translation]]:
@@ -162,10 +168,8 @@ class Translator(TextTranslator):
         self.device = device
         self.precision = precision or Precision(None, "float32")
         self.decoding = decoding or DecodingConfig()
-        limit = model.config.max_positions - 1  # room for the source's <eos>
-        self.max_input_tokens = min(max_input_tokens or limit, limit)
+        self.limit_inputs(model.config.max_positions, max_input_tokens)
         self.info = info or {}
-        self.truncated = 0  # inputs cut to max_input_tokens so far
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | torch.device = "auto",

@@ -16,6 +16,7 @@ from typing import Any
 
 from transformer_mt.config import DatasetConfig, EvaluateConfig
 from transformer_mt.data import held_out_pairs, load_split_tsv, read_lines
+from transformer_mt.data.split import SPLIT_DIR
 from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.metrics import Scores, score
 from transformer_mt.runtime import atomic_write, configure_threads, select_device
@@ -37,7 +38,7 @@ def load_eval_set(cfg: EvaluateConfig, run_dir: Path,
         if len(src) != len(ref):
             raise DataError(f"{cfg.src_file} has {len(src)} lines but {cfg.ref_file} has {len(ref)}")
         return src, ref, Path(cfg.src_file).stem
-    saved = run_dir / "split" / f"{cfg.split}.tsv"
+    saved = run_dir / SPLIT_DIR / f"{cfg.split}.tsv"
     if saved.is_file():
         src, ref = load_split_tsv(saved)
         return src, ref, cfg.split

@@ -105,6 +105,7 @@ class DecoderCache:
         self.beams: int = 1  # decoder rows per cross-attention row (set by beam search)
         self.self_kv: list[tuple[Tensor, Tensor] | None] = [None] * num_layers
         self.cross_kv: list[tuple[Tensor, Tensor] | None] = [None] * num_layers
+        self.output_weight: Tensor | None = None  # (D, V) copy for this search (Transformer._project)
 
     def reorder(self, index: Tensor, cross_index: Tensor | None = None) -> None:
         """Keep decoder rows `index` (beam reordering, batch shrinking), in place.
@@ -191,9 +192,9 @@ class MultiHeadAttention(nn.Module):
             weights = probs.view(A, self.n_heads, B // A, T, S).transpose(1, 2).reshape(B, -1, T, S)
             y = F.dropout(probs, dropout_p, self.training) @ v  # (B, H, T, hd)
         elif x.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-            # torch's CPU attention kernels run 1.5-8x slower in bf16 than in float32 (torch 2.13 on
-            # AVX512-BF16, forward and backward): the small score matrices are computed in float32,
-            # outside autocast, while the projections around them stay in bf16.
+            # torch's CPU attention kernels are slower in bf16 than in float32, forward and backward:
+            # the small score matrices are computed in float32, outside autocast, while the
+            # projections around them stay in bf16.
             with torch.autocast("cpu", enabled=False):
                 y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=attn_mask,
                                                    dropout_p=dropout_p, is_causal=is_causal)

@@ -255,8 +255,6 @@ class Transformer(nn.Module):
         self._init_weights()
         if c.tie_embeddings or c.tie_output:
             self.output_projection.weight = self.tgt_embed.weight
-        self._weight_t: Tensor | None = None  # see _project
-        self._weight_t_key: tuple | None = None
 
     @torch.no_grad()
     def _init_weights(self) -> None:
@@ -327,30 +325,25 @@ class Transformer(nn.Module):
         tgt may hold G consecutive rows per row of memory and src_pad_mask (beam search).
         """
         h, weights = self.decoder(tgt, memory, src_pad_mask, cache, need_attention)
-        logits = self._project(h)  # (B, T, V)
+        logits = self._project(h, cache)  # (B, T, V)
         if need_attention:
             assert weights is not None
             return logits, weights
         return logits
 
-    def _project(self, h: Tensor) -> Tensor:
-        """Output projection. CPU inference multiplies by a cached (D, V) copy of the weight:
-        the BLAS runs 7-25% faster on it than on the (V, D) layout that training updates. Under
-        autocast the copy is kept in the autocast dtype, instead of being cast again at every step.
-        Only in eval mode, and `train()` drops it: fused optimizers update weights in place without
-        bumping `_version`, so the key alone would miss a training step."""
+    def _project(self, h: Tensor, cache: DecoderCache | None = None) -> Tensor:
+        """Output projection (B, T, D) → (B, T, V). Incremental decoding on the CPU multiplies by a
+        (D, V) copy of the weight, made at a search's first step and kept in its cache: the CPU's
+        matrix kernels are faster on that layout than on the (V, D) one training updates, and under
+        autocast the copy is already in the autocast dtype. A cache lives for one search, so the copy
+        never outlives the weights it was taken from."""
         w = self.output_projection.weight
-        if self.training or torch.is_grad_enabled() or w.device.type != "cpu":
+        if cache is None or torch.is_grad_enabled() or w.device.type != "cpu":
             return self.output_projection(h)
-        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else w.dtype
-        key = (w.data_ptr(), w._version, dtype)  # changes when the weight is updated, moved or cast
-        if self._weight_t_key != key:
-            self._weight_t, self._weight_t_key = w.detach().t().contiguous().to(dtype), key
-        return h @ self._weight_t
-
-    def train(self, mode: bool = True) -> Transformer:
-        self._weight_t = self._weight_t_key = None  # see _project
-        return super().train(mode)
+        if cache.output_weight is None:
+            dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else w.dtype
+            cache.output_weight = w.detach().t().contiguous().to(dtype)  # (D, V)
+        return h @ cache.output_weight
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V); pad_id in tgt_in is masked as a self-attention key."""

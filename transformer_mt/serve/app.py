@@ -18,6 +18,7 @@ import statistics
 import time
 from collections.abc import AsyncIterator
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -28,6 +29,7 @@ from starlette.exceptions import HTTPException
 
 from transformer_mt.config import ServeConfig
 from transformer_mt.errors import UserError
+from transformer_mt.rules import n_best_in_beam
 from transformer_mt.serve.batcher import Batcher, QueueFull, Search
 from transformer_mt.tokenizer import EOS
 from transformer_mt.translator import TextTranslator, Translation
@@ -218,8 +220,9 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> TranslateRequest:
     beam = body.beam_size or cfg.decoding.beam_size
     if beam > limits.max_beam_size:
         raise HTTPException(422, f"beam_size={beam} is above this server's limit of {limits.max_beam_size}")
-    if body.n_best is not None and body.n_best > beam:
-        raise HTTPException(422, f"n_best={body.n_best} is above beam_size={beam}; ask for at most {beam}")
+    too_many = n_best_in_beam(body.n_best or 1, beam, prefix="")
+    if too_many:
+        raise HTTPException(422, too_many[0])
     return body
 
 
@@ -273,13 +276,21 @@ def attention_map(engine: TextTranslator, text: str, best: Translation) -> Atten
     return AttentionMap(source_tokens=source, target_tokens=target, weights=rounded.tolist())
 
 
+def run_name(checkpoint: str) -> str:
+    """The name of the run a checkpoint file belongs to (its directory): what visitors see of the
+    model, rather than a path on the server."""
+    return Path(checkpoint).resolve().parent.name
+
+
 def describe(engine: TextTranslator, cfg: ServeConfig) -> dict[str, Any]:
-    """What /health reports about the model being served."""
+    """What /health reports about the model being served: the run (each run of an ensemble), not where
+    its files are."""
     info = engine.info
     dataset = (info.get("config") or {}).get("dataset") or {}
     vocab = engine.vocab
     return {
-        "model": info.get("model_dir") or info.get("ensemble") or info.get("checkpoint"),
+        "model": ([run_name(p) for p in info["ensemble"]] if "ensemble" in info
+                  else run_name(info["checkpoint"])),
         "engine": cfg.engine, "step": info.get("step"),
         "device": str(getattr(engine, "device", info.get("device"))),
         "precision": str(getattr(engine, "precision", info.get("compute_type"))),
