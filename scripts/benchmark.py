@@ -47,8 +47,10 @@ from timing import (  # beside this script
 )
 from training_speed import (  # beside this script
     cheap_wins,
+    epoch_shapes,
     fastest,
-    padding_fractions,
+    host_reads,
+    random_batch_padding,
     real_batches,
     time_training,
     train_loop,
@@ -60,7 +62,7 @@ from transformer_mt.checkpoint import BEST, build_model
 from transformer_mt.config import ModelConfig, TrainConfig, UserError
 from transformer_mt.data import Batch, PreparedData, prepare_data
 from transformer_mt.model.reference import TorchReference
-from transformer_mt.runtime import precision
+from transformer_mt.runtime import pad_to_multiple, precision
 from transformer_mt.tables import markdown_table
 from transformer_mt.tokenizer import PAD_ID
 
@@ -150,9 +152,21 @@ def bare_step(b: Bench) -> dict[str, Any]:
 
 
 def padding(b: Bench) -> dict[str, Any]:
-    """The padded share of target positions in an epoch's token batches, and in random batches."""
-    ours, fixed = padding_fractions(b.data, b.cfg.training.batch_tokens)
-    return {"padding_frac": ours, "padding_frac_fixed_random_batches": fixed}
+    """An epoch's distinct batch shapes and padded share of positions: with the device's
+    training.pad_to_multiple, with 8 (compiling on a GPU), and in random batches for reference."""
+    t = b.cfg.training
+    multiple = pad_to_multiple(t.pad_to_multiple, b.device, b.cfg.device.compile)
+    shapes, frac = epoch_shapes(b.data, t.batch_tokens, multiple)
+    shapes8, frac8 = epoch_shapes(b.data, t.batch_tokens, 8)
+    return {"pad_to_multiple": multiple, "distinct_shapes_per_epoch": shapes, "padding_frac": frac,
+            "distinct_shapes_per_epoch_pad8": shapes8, "padding_frac_pad8": frac8,
+            "padding_frac_fixed_random_batches": random_batch_padding(b.data)}
+
+
+def host_syncs(b: Bench) -> dict[str, Any]:
+    """How often one step of the real loop makes the host wait for the device (GPU code paths)."""
+    amp = {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[b.dtype]
+    return host_reads(b.cfg, b.size(20, 50), amp)
 
 
 def loop(b: Bench) -> dict[str, Any]:
@@ -201,7 +215,7 @@ def memory(b: Bench) -> dict[str, Any]:
 
 
 MEASUREMENTS: tuple[Callable[[Bench], dict[str, Any]], ...] = (
-    about_machine, model_speeds, bare_step, padding, loop, compile_and_bf16, decoding, memory)
+    about_machine, model_speeds, bare_step, padding, loop, host_syncs, compile_and_bf16, decoding, memory)
 
 
 # -- memory of one job alone (child processes, so each peak is its own) ----------------------------
@@ -241,8 +255,12 @@ LABELS = {  # key: (label in the table, format); other keys are shown by name
     "train_loop_tgt_tok_s": ("train loop, later epochs (target tokens/s)", ".0f"),
     "train_loop_vs_bare_step": ("train loop / bare step", ".2f"),
     "loop_overhead_frac": ("train loop overhead (full epoch, extrapolated)", ".1%"),
-    "padding_frac": ("padding: token buckets", ".1%"),
+    "distinct_shapes_per_epoch": ("batch shapes per epoch (this device's pad_to_multiple)", "d"),
+    "padding_frac": ("padding: token buckets (this device's pad_to_multiple)", ".1%"),
+    "distinct_shapes_per_epoch_pad8": ("batch shapes per epoch, pad_to_multiple=8", "d"),
+    "padding_frac_pad8": ("padding: token buckets, pad_to_multiple=8", ".1%"),
     "padding_frac_fixed_random_batches": ("padding: random 128-sentence batches", ".1%"),
+    "host_syncs_per_step": ("host reads of the device per training step", ".3f"),
     "train_tgt_tok_s_bf16": ("bf16 autocast training, ours (target tokens/s)", ".0f"),
     "cpu_bf16_train_speedup": ("bf16 speed-up over float32", ".2f"),
     "train_ratio_vs_nn_transformer_bf16": ("bf16: ratio ours / nn.Transformer", ".2f"),

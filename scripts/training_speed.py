@@ -87,18 +87,19 @@ def fastest(models: dict[str, tuple[nn.Module, torch.dtype | None]], batches: li
     return seconds, tokens
 
 
-def padding_fractions(data: PreparedData, batch_tokens: int, seed: int = 0) -> tuple[float, float]:
-    """Padded share of target positions: our token batches vs random 128-sentence batches."""
-    lengths = data.train.lengths()
-    tgt = lengths[:, 1] + 1  # + eos
-    ours = TokenBatchSampler(lengths, batch_tokens, shuffle=True, seed=seed).batches(0)
-    ours_real = sum(int(tgt[b].sum()) for b in ours)
-    ours_padded = sum(len(b) * int(tgt[b].max()) for b in ours)
-    order = np.random.default_rng(seed).permutation(len(tgt))
-    fixed = [order[i:i + 128] for i in range(0, len(order), 128)]
-    fixed_real = sum(int(tgt[b].sum()) for b in fixed)
-    fixed_padded = sum(len(b) * int(tgt[b].max()) for b in fixed)
-    return 1 - ours_real / ours_padded, 1 - fixed_real / fixed_padded
+def epoch_shapes(data: PreparedData, batch_tokens: int, multiple: int, seed: int = 0) -> tuple[int, float]:
+    """An epoch's distinct batch shapes and its padded share of source and target positions."""
+    sampler = TokenBatchSampler(data.train.lengths(), batch_tokens, seed=seed, pad_to_multiple=multiple)
+    return len(set(sampler.shapes(0))), sampler.padding_fraction(0)
+
+
+def random_batch_padding(data: PreparedData, seed: int = 0) -> float:
+    """The padded share of source and target positions in random 128-sentence batches (the reference)."""
+    lengths = data.train.lengths() + 1  # + eos
+    order = np.random.default_rng(seed).permutation(len(lengths))
+    batches = [lengths[order[i:i + 128]] for i in range(0, len(order), 128)]
+    real = sum(int(b.sum()) for b in batches)
+    return 1 - real / sum(len(b) * int(b[:, 0].max() + b[:, 1].max()) for b in batches)
 
 
 # -- the whole loop --------------------------------------------------------------------------------
@@ -137,20 +138,47 @@ class ShortEpochs:
         return split, short
 
 
+def short_trainer(cfg: TrainConfig, run_dir: Path, n_batches: int, epochs: int, amp: str) -> Any:
+    """The real Trainer in run_dir, for `epochs` epochs of `n_batches` batches each (`trainer.epochs`)."""
+    from transformer_mt.trainer import Trainer
+
+    sub = dataclasses.replace(
+        cfg, checkpoint=dataclasses.replace(cfg.checkpoint, dir=str(run_dir)),
+        device=dataclasses.replace(cfg.device, amp=amp),
+        training=dataclasses.replace(cfg.training, epochs=epochs, average_last=0, max_minutes=None,
+                                     progress=False))
+    trainer = Trainer(sub, run_dir)
+    trainer.epochs = ShortEpochs(trainer.epochs, n_batches)
+    return trainer
+
+
+def host_reads(cfg: TrainConfig, n_batches: int, amp: str) -> dict[str, Any]:
+    """The host's reads of the device per optimizer step over one epoch of the real loop, as a GPU would
+    make them: on the CPU the model's free reads are switched off (`attention.FREE_READS`), so the count is
+    that of a GPU's code paths. Where they happen, so that a new one is easy to find."""
+    from transformer_mt.model import attention
+    from transformer_mt.runtime import HostReads
+
+    free = attention.FREE_READS
+    attention.FREE_READS = ()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            trainer = short_trainer(cfg, Path(tmp), n_batches, 1, amp)
+            with HostReads(trainer.device.type) as reads:
+                trainer.train_epoch()
+    finally:
+        attention.FREE_READS = free
+    return {"host_syncs_per_step": reads.count / max(trainer.step, 1),
+            "host_sync_sites": sorted(set(reads.sites))}
+
+
 def train_loop(cfg: TrainConfig, n_batches: int, epochs: int, amp: str) -> dict[str, float]:
     """Train `epochs` epochs of `n_batches` batches each with the real loop (validation and a checkpoint
     after each, as configured) in a temporary directory: the first epoch's and the later epochs' speed
     (training time only), and the wall time of the whole run."""
-    from transformer_mt.trainer import Trainer
-
     with tempfile.TemporaryDirectory() as tmp:
-        sub = dataclasses.replace(
-            cfg, checkpoint=dataclasses.replace(cfg.checkpoint, dir=tmp),
-            device=dataclasses.replace(cfg.device, amp=amp),
-            training=dataclasses.replace(cfg.training, epochs=epochs, average_last=0, max_minutes=None,
-                                         progress=False))
-        trainer = Trainer(sub, Path(tmp))
-        trainer.epochs = short = ShortEpochs(trainer.epochs, n_batches)
+        trainer = short_trainer(cfg, Path(tmp), n_batches, epochs, amp)
+        short = trainer.epochs
         seconds: list[float] = []
         train_epoch = trainer.train_epoch
 

@@ -144,10 +144,11 @@ def test_an_epoch_of_the_real_corpus_has_few_shapes_with_the_gpu_setting(real_tr
     assert found[8][0] <= 25 and found[8][0] * 3 < found[1][0]
 
 
-def test_pad_to_multiple_defaults_to_8_on_cuda_and_1_elsewhere() -> None:
-    assert runtime.pad_to_multiple(None, torch.device("cuda")) == 8
-    assert runtime.pad_to_multiple(None, torch.device("cpu")) == 1
-    assert runtime.pad_to_multiple(4, torch.device("cpu")) == 4
+def test_pad_to_multiple_defaults_to_8_when_compiling_on_cuda_and_1_elsewhere() -> None:
+    assert runtime.pad_to_multiple(None, torch.device("cuda"), compiling=True) == 8
+    assert runtime.pad_to_multiple(None, torch.device("cuda"), compiling=False) == 1
+    assert runtime.pad_to_multiple(None, torch.device("cpu"), compiling=True) == 1
+    assert runtime.pad_to_multiple(4, torch.device("cpu"), compiling=False) == 4
     with pytest.raises(ConfigError, match="training.pad_to_multiple=0"):
         tmt.compose("train", ["training.pad_to_multiple=0"])
 

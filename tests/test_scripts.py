@@ -52,7 +52,7 @@ def test_the_markdown_table_writer() -> None:
 
 # -- benchmarks ------------------------------------------------------------------------------------
 GPU_KEYS = ("train_loop_tgt_tok_s", "train_first_epoch_tgt_tok_s", "bare_step_tgt_tok_s", "greedy_sent_s",
-            "beam5_sent_s", "peak_mem_gib")
+            "beam5_sent_s", "peak_mem_gib", "padding_frac", "host_syncs_per_step")
 
 
 def _benchmark_quick(device: str, run: Path, corpus: Path, tmp_path: Path) -> dict:
@@ -70,6 +70,9 @@ def _benchmark_quick(device: str, run: Path, corpus: Path, tmp_path: Path) -> di
         assert isinstance(r[key], float) and r[key] > 0, key
     assert r["loop_epochs"] == 2 and r["loop_batches_per_epoch"] == 3  # the short epochs of --quick
     assert 0 <= r["loop_overhead_frac"] <= 1 and 0 <= r["padding_frac"] < 1
+    assert r["pad_to_multiple"] == 1 and 1 <= r["distinct_shapes_per_epoch"]
+    assert r["padding_frac_pad8"] > r["padding_frac"]  # short sentences rounded up to 8
+    assert 0 < r["host_syncs_per_step"] <= 1 and all("tally.py" in s for s in r["host_sync_sites"])
     assert r["decode_checkpoint"] == str(run)
     assert r["decode_sentences"] == len(load_split_tsv(run / "split" / "test.tsv")[0])  # all (< 200)
     assert "| train loop, first epoch (target tokens/s) |" in result.stdout

@@ -135,8 +135,8 @@ class DeviceConfig(Section):
     # dimensions). Off by default: its compile time is paid at every start, and on the CPUs measured
     # it did not pay it back (docs/performance.md).
     compile: bool = False
-    # (compile: with training.pad_to_multiple > 1, a GPU's default, each of an epoch's few batch shapes
-    # is compiled once, as a static graph: runtime.compiled)
+    # (compile: with training.pad_to_multiple > 1, the default when compiling on CUDA, each of an epoch's
+    # few batch shapes is compiled once, as a static graph: runtime.compiled)
     # The attention kernels CUDA may use, best first (torch.nn.attention.sdpa_kernel): efficient | flash |
     # cudnn | math; [] leaves the choice to PyTorch. cuDNN builds a plan for each new batch shape.
     attention_backends: list[str] = field(default_factory=lambda: ["efficient", "flash"])
@@ -150,8 +150,8 @@ class TrainingConfig(Section):
     epochs: int = 10
     batch_tokens: int = 4096  # padded source or target tokens per batch, whichever is larger
     # Round each batch's lengths up to a multiple of this, and its row count down to one, so that an
-    # epoch has tens of batch shapes, not hundreds (a GPU builds kernels per shape); null: 8 on CUDA, 1
-    # elsewhere (where padding only costs time).
+    # epoch has tens of batch shapes, not hundreds (torch.compile builds a graph per shape); null: 8 when
+    # compiling on CUDA, 1 elsewhere (runtime.pad_to_multiple says why).
     pad_to_multiple: int | None = None
     accumulate: int = 1  # gradient accumulation steps per optimizer step
     lr: float = 1e-3  # peak learning rate

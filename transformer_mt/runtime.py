@@ -127,11 +127,16 @@ def compiled(model: torch.nn.Module, pad_to_multiple: int) -> Callable[..., torc
     return torch.compile(model, dynamic=pad_to_multiple <= 1)
 
 
-def pad_to_multiple(setting: int | None, device: torch.device) -> int:
-    """training.pad_to_multiple, or its default: 8 on CUDA (bounded batch shapes), 1 elsewhere."""
+def pad_to_multiple(setting: int | None, device: torch.device, compiling: bool) -> int:
+    """training.pad_to_multiple, or its default: 8 when compiling on CUDA, 1 elsewhere.
+
+    Compiled, every new batch shape costs a compilation, so a bounded set of shapes pays for its padding.
+    Eager, the attention kernels chosen by `device.attention_backends` need no per-shape plan, and
+    rounding short sentences up to a multiple of 8 adds far more padding than it saves
+    (docs/performance.md counts both on Tatoeba)."""
     if setting is not None:
         return setting
-    return 8 if device.type == "cuda" else 1
+    return 8 if device.type == "cuda" and compiling else 1
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:

@@ -86,7 +86,7 @@ class Trainer:
         self.ema = ema.build(self.model, t.ema_decay)  # then validated, saved and translated with
         subwords = subword_sampler(self.vocab, cfg.tokenizer, cfg.seed, cfg.dataset.max_len)
         self.epochs = TrainingEpochs(self.data.train, t.batch_tokens, cfg.seed, subwords,
-                                     pad_to_multiple(t.pad_to_multiple, self.device))
+                                     pad_to_multiple(t.pad_to_multiple, self.device, cfg.device.compile))
         self.clock = TrainingClock(t.max_minutes, now=clock)  # before the schedule, which reads it
         # This rank's batches per epoch: epoch 0's even when resuming, so that the schedule is the same
         # (re-segmented epochs differ from it by a few batches at most)

@@ -6,7 +6,7 @@ Conventions shared with the model and the searches:
 - The decoder input is <bos> + y and its target is y + <eos>; padding is PAD_ID everywhere.
 - A batch of n examples costs n * (longest + 1) tokens: the +1 is the source's <eos>, or the target's
   <bos>/<eos>. `greedy_cut` is the one rule that fills batches up to a budget of such tokens.
-- With a `pad_to_multiple` m > 1 (a GPU's setting), training batches round that length up to a multiple
+- With a `pad_to_multiple` m > 1 (compiling on a GPU), training batches round that length up to a multiple
   of m and their row count down to one (when they have m rows or more), so an epoch's batches come in a
   bounded set of shapes: a GPU's kernels (cuDNN attention plans, torch.compile graphs) are built per
   shape. The CPU's m = 1 leaves batches as they were: padding there only costs time.
