@@ -187,7 +187,9 @@ def loop(b: Bench) -> dict[str, Any]:
 
 def compile_and_bf16(b: Bench) -> dict[str, Any]:
     """torch.compile against eager (with --cheap-wins only: slow)."""
-    return cheap_wins(b.cfg.model, b.data, b.batches, b.device) if b.args.cheap_wins else {}
+    if not b.args.cheap_wins:
+        return {}
+    return cheap_wins(b.cfg.model, b.data, b.cfg.training.batch_tokens, b.cfg.seed, len(b.batches), b.device)
 
 
 def decoding(b: Bench) -> dict[str, Any]:
@@ -268,7 +270,11 @@ LABELS = {  # key: (label in the table, format); other keys are shown by name
     "greedy_sent_s": ("greedy (sentences/s)", ".1f"),
     "beam5_sent_s": ("beam 5 (sentences/s)", ".1f"),
     "ct2_int8_beam5_sent_s": ("CTranslate2 int8 beam 5 (sentences/s)", ".1f"),
-    "torch_compile_speedup": ("torch.compile training speed vs eager", ".2f"),
+    "torch_compile_dynamic_seconds": ("torch.compile, dynamic shapes: compile seconds", ".0f"),
+    "torch_compile_dynamic_speedup": ("torch.compile, dynamic shapes: training speed vs eager", ".2f"),
+    "torch_compile_static_shapes": ("torch.compile per shape (pad_to_multiple=8): shapes compiled", "d"),
+    "torch_compile_static_seconds": ("torch.compile per shape: compile seconds", ".0f"),
+    "torch_compile_static_speedup": ("torch.compile per shape: training speed vs eager", ".2f"),
     "peak_mem_gib": ("peak memory on the device (GiB)", ".2f"),
     "peak_rss_train_mib": ("peak RSS, training alone (MiB)", ".0f"),
     "peak_rss_translate_mib": ("peak RSS, translating alone (MiB)", ".0f"),
