@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import transformer_mt as tmt
-from tests.conftest import ROOT, run_cli, tiny_overrides
+from tests.conftest import ROOT, run_cli, smoke_overrides, tiny_overrides
 from transformer_mt.checkpoint import TRAINED, CheckpointError, load_checkpoint, load_latest_good
 
 FAULT_RUN = {"training.save_every_steps": 1, "training.log_every": 1, "dataset.max_pairs": 400,
@@ -192,7 +192,7 @@ def test_diverging_run_stops_with_a_clear_message(corpus: Path, tmp_path: Path,
     from transformer_mt import trainer as train_module
 
     run_dir = tmp_path / "nan"
-    cfg = tmt.compose("train", tiny_overrides(corpus, run_dir, **{"training.max_bad_steps": 3}))
+    cfg = tmt.compose("train", smoke_overrides(corpus, run_dir, **{"training.max_bad_steps": 3}))
     cfg.model.d_model, cfg.model.d_ff, cfg.model.encoder_layers, cfg.model.decoder_layers = 32, 64, 1, 1
     trainer = train_module.Trainer(cfg, run_dir)
     nan = torch.tensor(float("nan"), requires_grad=True)
