@@ -18,8 +18,8 @@ import torch
 # Tests never use the network: Hugging Face libraries read only local files and caches.
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# One thread, here and in the commands the tests start: their models are too small to gain from a second,
-# and on a busy machine a second thread waits for a core at every operation (OMP_NUM_THREADS=N overrides).
+# One thread, here and in the commands the tests start: their models are tiny, and on a busy machine a
+# second thread waits for a free core at every operation (OMP_NUM_THREADS=N overrides this).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 

@@ -34,7 +34,7 @@ SENTENCES = ["He is sleeping.", "I am cold.", "Where is the station?", "", "Tom 
 
 
 def serve_config(run: Path, *overrides: str):
-    return tmt.compose("serve", [f"checkpoint={run}", "device=cpu", "device.num_threads=2", *overrides])
+    return tmt.compose("serve", [f"checkpoint={run}", "device=cpu", "device.num_threads=1", *overrides])
 
 
 @pytest.fixture(scope="module")
