@@ -1,12 +1,15 @@
-"""Shared fixtures: the real corpus beside the checkout, tiny training overrides, and the two ways to run a
-command: in this process (compose the config, call the job) or as a user would (a subprocess)."""
+"""Shared fixtures: the real corpus beside the checkout, tiny training overrides, the one trained run the
+tests share, and the two ways to run a command: in this process (compose the config, call the job) or as
+a user would (a subprocess)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,10 @@ import torch
 # Tests never use the network: Hugging Face libraries read only local files and caches.
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# One thread, here and in the commands the tests start: their models are tiny, and on a busy machine a
+# second thread waits for a free core at every operation (OMP_NUM_THREADS=N overrides this).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "data" / "fra-eng.zip"
@@ -40,7 +47,7 @@ def keep_torch_threads() -> Iterator[None]:
 
 def tiny_overrides(corpus: Path, run_dir: Path, **extra: object) -> list[str]:
     """A training run of seconds: `debug=tiny` (the tiny model, 600 real pairs, a 400-token vocabulary)
-    for two epochs, on this machine's two threads, into run_dir."""
+    for two epochs, on one thread, into run_dir."""
     values: dict[str, object] = {
         "debug": "tiny",
         "dataset.path": corpus,
@@ -48,10 +55,26 @@ def tiny_overrides(corpus: Path, run_dir: Path, **extra: object) -> list[str]:
         "dataset.cache_dir": run_dir.parent / "cache",
         "training.epochs": 2,
         "checkpoint.dir": run_dir,
-        "device.num_threads": 2,
+        "device.num_threads": 1,
     }
     values.update(extra)
     return [f"{k}={v}" for k, v in values.items()]
+
+
+def smoke_overrides(corpus: Path, run_dir: Path, **extra: object) -> list[str]:
+    """The smallest run that goes through every part, for tests of plumbing (files, records, wiring) rather
+    than of learning: `debug=smoke` (200 real pairs, a 300-token vocabulary), one epoch, into run_dir."""
+    return tiny_overrides(corpus, run_dir, **{"debug": "smoke", "training.epochs": 1, **extra})
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Poll `condition` until it holds; fail naming `what` after `timeout` seconds. For waiting on an
+    event (a queue length, a log line), never a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not so after {timeout} s")
+        time.sleep(0.005)
 
 
 def run_cli(*args: str, input: str | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -62,11 +85,25 @@ def run_cli(*args: str, input: str | None = None, timeout: int = 300) -> subproc
                           input=input, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-@pytest.fixture(scope="session")
-def tiny_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
-    """A 2-epoch tiny run trained in this process, for tests that need a checkpoint but not its details."""
-    import transformer_mt as tmt
+def _listing(run_dir: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(run_dir)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(run_dir.rglob("*")) if p.is_file()}
 
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Iterator[Path]:
+    """The tiny run (2 epochs, TensorBoard scalars at every step), trained once through the command line
+    as a user would and shared by every test that reads a trained run. Read only: a test that writes into
+    a run (resumes it, evaluates into it) takes `tiny_run_copy`. Checked unchanged at the end."""
     run_dir = tmp_path_factory.mktemp("tiny-run") / "run"
-    tmt.train(tiny_overrides(corpus, run_dir, **{"training.progress": "false"}))
-    return run_dir
+    result = run_cli("train", *tiny_overrides(corpus, run_dir, **{"training.log_every": 1}))
+    assert result.returncode == 0, result.stderr[-3000:]
+    before = _listing(run_dir)
+    yield run_dir
+    assert _listing(run_dir) == before, "a test wrote into the shared tiny_run: use tiny_run_copy"
+
+
+@pytest.fixture
+def tiny_run_copy(tiny_run: Path, tmp_path: Path) -> Path:
+    """A copy of tiny_run of this test's own, to resume or write into."""
+    return Path(shutil.copytree(tiny_run, tmp_path / "tiny-run"))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import transformer_mt as tmt
-from tests.conftest import ROOT, tiny_overrides
+from tests.conftest import ROOT, smoke_overrides, tiny_overrides
 from transformer_mt.checkpoint import (
     CheckpointError,
     average_checkpoints,
@@ -99,7 +99,7 @@ def test_validation_every_n_steps_then_averaging(tmp_path: Path, corpus: Path,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     run_dir = tmp_path / "run"
     with caplog.at_level("INFO"):
-        tmt.train(tiny_overrides(corpus, run_dir, **{
+        tmt.train(smoke_overrides(corpus, run_dir, **{
             "training.epochs": 3, "training.valid_every_steps": 2, "training.keep_last": 3,
             "training.average_last": 3, "training.scheduler": "linear", "training.valid_max_sentences": 10}))
     records = _records(run_dir)

@@ -39,7 +39,7 @@ def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
         ("decoding.sampling=true", "'decoding.sampling' is not a known key"),
         ("decoding.n_best=2", "'decoding.n_best' is not a known key"),
         ("debug=true", "'debug' was renamed: use traceback"),
-        ("debug=nope", "debug=nope is not a known option; choose one of: tiny"),
+        ("debug=nope", "debug=nope is not a known option; choose one of: smoke, tiny"),
     ],
 )
 def test_bad_config_fails_at_once_with_one_line(

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import transformer_mt as tmt
-from tests.conftest import run_cli, tiny_overrides
+from tests.conftest import run_cli, smoke_overrides
 from transformer_mt.data import load_split_tsv
 from transformer_mt.errors import ConfigError
 from transformer_mt.translator import Translator
@@ -17,9 +17,9 @@ SENTENCES = ["He is sleeping.", "I am cold.", "Where is the station?"]
 
 @pytest.fixture(scope="module")
 def unigram_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
-    """A tiny run with the unigram tokenizer: another vocabulary than tiny_run's BPE."""
+    """A smoke run with the unigram tokenizer: another vocabulary than tiny_run's BPE."""
     run_dir = tmp_path_factory.mktemp("unigram") / "run"
-    tmt.train(tiny_overrides(corpus, run_dir, tokenizer="unigram"))
+    tmt.train(smoke_overrides(corpus, run_dir, tokenizer="unigram"))
     return run_dir
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import transformer_mt as tmt
-from tests.conftest import tiny_overrides
+from tests.conftest import smoke_overrides
 from transformer_mt.checkpoint import TRAINED, UPDATES, average_checkpoints, load_checkpoint
 from transformer_mt.config import ModelConfig
 from transformer_mt.ema import WeightAverage, warmed_up_decay
@@ -64,7 +64,8 @@ def test_validation_sees_the_updated_average_not_a_stale_inference_copy() -> Non
 @pytest.fixture(scope="module")
 def ema_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
     run_dir = tmp_path_factory.mktemp("ema") / "run"
-    tmt.train(tiny_overrides(corpus, run_dir, **{"training.ema_decay": 0.9, "training.average_last": 2}))
+    tmt.train(smoke_overrides(corpus, run_dir, **{"training.epochs": 2, "training.ema_decay": 0.9,
+                                                  "training.average_last": 2}))
     return run_dir
 
 

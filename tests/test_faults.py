@@ -6,14 +6,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 import transformer_mt as tmt
-from tests.conftest import ROOT, run_cli, tiny_overrides
+from tests.conftest import ROOT, run_cli, smoke_overrides, tiny_overrides, wait_until
 from transformer_mt.checkpoint import TRAINED, CheckpointError, load_checkpoint, load_latest_good
 
 FAULT_RUN = {"training.save_every_steps": 1, "training.log_every": 1, "dataset.max_pairs": 400,
@@ -28,15 +27,20 @@ def _start(args: list[str], log_file: Path) -> subprocess.Popen:
 
 
 def _wait_for(log_file: Path, text: str, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """Until the run logs `text` (then the caller signals it at once, before it trains much further)."""
+
+    def seen() -> bool:
         if text in log_file.read_text(errors="replace"):
-            return
+            return True
         if proc.poll() is not None:
             raise AssertionError(f"run ended before '{text}':\n{log_file.read_text()[-2000:]}")
-        time.sleep(0.05)
-    proc.kill()
-    raise AssertionError(f"'{text}' not seen in {timeout}s")
+        return False
+
+    try:
+        wait_until(seen, f"'{text}' in the run's log", timeout)
+    except AssertionError:
+        proc.kill()
+        raise
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +200,7 @@ def test_diverging_run_stops_with_a_clear_message(corpus: Path, tmp_path: Path,
     from transformer_mt import trainer as train_module
 
     run_dir = tmp_path / "nan"
-    cfg = tmt.compose("train", tiny_overrides(corpus, run_dir, **{"training.max_bad_steps": 3}))
+    cfg = tmt.compose("train", smoke_overrides(corpus, run_dir, **{"training.max_bad_steps": 3}))
     cfg.model.d_model, cfg.model.d_ff, cfg.model.encoder_layers, cfg.model.decoder_layers = 32, 64, 1, 1
     trainer = train_module.Trainer(cfg, run_dir)
     nan = torch.tensor(float("nan"), requires_grad=True)

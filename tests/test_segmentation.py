@@ -15,7 +15,7 @@ import pytest
 from tokenizers import Tokenizer
 
 import transformer_mt as tmt
-from tests.conftest import tiny_overrides
+from tests.conftest import smoke_overrides, tiny_overrides
 from transformer_mt.config import ConfigError, TokenizerConfig
 from transformer_mt.data import EncodedSplit, Ragged
 from transformer_mt.data.epochs import TrainingEpochs
@@ -153,10 +153,9 @@ def test_a_run_trains_on_sampled_segmentations(corpus: Path, tmp_path: Path, kin
     """A tiny run trains on an epoch's sampled segmentation (more target tokens than the plain one) and
     shares its data cache with runs without regularisation."""
     plain_dir, sampled_dir = tmp_path / "plain", tmp_path / "sampled"
-    tmt.train(tiny_overrides(corpus, plain_dir, **{"tokenizer": kind, "training.epochs": 1}))
+    tmt.train(smoke_overrides(corpus, plain_dir, tokenizer=kind))
     with caplog.at_level("INFO"):
-        tmt.train(tiny_overrides(corpus, sampled_dir, **{"tokenizer": kind, "training.epochs": 1,
-                                                         setting: 0.3}))
+        tmt.train(smoke_overrides(corpus, sampled_dir, **{"tokenizer": kind, setting: 0.3}))
     assert "cache hit" in caplog.text
     tokens = [json.loads((d / "result.json").read_text())["tgt_tokens_per_s"] *
               json.loads((d / "result.json").read_text())["train_seconds"] for d in (plain_dir, sampled_dir)]

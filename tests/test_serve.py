@@ -13,14 +13,14 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
 import transformer_mt as tmt
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, wait_until
 from transformer_mt.config import BatchingConfig, DecodingConfig
 from transformer_mt.translator import TextTranslator, Translation, Translator
 
@@ -34,7 +34,7 @@ SENTENCES = ["He is sleeping.", "I am cold.", "Where is the station?", "", "Tom 
 
 
 def serve_config(run: Path, *overrides: str):
-    return tmt.compose("serve", [f"checkpoint={run}", "device=cpu", "device.num_threads=2", *overrides])
+    return tmt.compose("serve", [f"checkpoint={run}", "device=cpu", "device.num_threads=1", *overrides])
 
 
 @pytest.fixture(scope="module")
@@ -194,10 +194,12 @@ def test_curl_style_form_body_is_read_as_json(client: TestClient, engine: Transl
 
 # -- the batcher, with an engine that records its batches ----------------------------------------------
 class RecordingEngine(TextTranslator):
-    """Translates by upper-casing; can hold the worker on its first batch; records every batch."""
+    """Translates by upper-casing; can hold the worker on its first batch; records every batch begun
+    (`started`, before the hold) and done (`batches`)."""
 
     def __init__(self, hold: threading.Event | None = None, fail_on: str | None = None) -> None:
         self.decoding = DecodingConfig()
+        self.started: list[list[str]] = []
         self.batches: list[tuple[list[str], int | None]] = []
         self.prefixes: list[object] = []  # each batch's prefixes= argument
         self.hold, self.fail_on = hold, fail_on
@@ -205,6 +207,7 @@ class RecordingEngine(TextTranslator):
 
     def translate_nbest(self, sentences: list[str], return_attention: bool = False,
                         **options: object) -> list[list[Translation]]:
+        self.started.append(list(sentences))
         if self.hold is not None:
             self.hold.wait(10)
         self.batches.append((list(sentences), options.get("beam_size")))  # type: ignore[arg-type]
@@ -215,11 +218,27 @@ class RecordingEngine(TextTranslator):
         return [[Translation(p + s.upper(), -1.0)] for s, p in zip(sentences, starts)]  # type: ignore[arg-type]
 
 
+async def _until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Wait for `condition` while the event loop runs (the requests' tasks, the batcher's answers)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not so after {timeout} s"
+        await asyncio.sleep(0.001)
+
+
+def _holding(engine: RecordingEngine, batcher: Batcher, sentences: int) -> Callable[[], bool]:
+    """True once the worker holds a batch and the rest of `sentences` wait in the queue."""
+    return lambda: bool(engine.started) and sum(map(len, engine.started)) + batcher.waiting == sentences
+
+
 async def _gather(batcher: Batcher, requests: list[tuple], release: threading.Event | None) -> list:
     """Each request: (texts, search) or (texts, search, prefixes)."""
     tasks = [asyncio.ensure_future(batcher.translate(*request)) for request in requests]
-    await asyncio.sleep(0.05)  # all queued while the worker is held
     if release is not None:
+        engine = batcher.engine
+        assert isinstance(engine, RecordingEngine)
+        await _until(_holding(engine, batcher, sum(len(r[0]) for r in requests)),
+                     "all queued while the worker is held")
         release.set()
     return await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -304,7 +323,7 @@ def test_a_client_that_goes_away_does_not_break_the_worker() -> None:
     async def scenario():
         first = asyncio.ensure_future(batcher.translate(["first"], Search()))  # being decoded, held
         gone = asyncio.ensure_future(batcher.translate(["gone"], Search(beam_size=2)))  # still queued
-        await asyncio.sleep(0.05)
+        await _until(_holding(engine, batcher, 2), "'first' held by the worker, 'gone' queued")
         first.cancel()
         gone.cancel()
         hold.set()
@@ -326,9 +345,9 @@ def test_full_queue_answers_503_with_retry_after_and_slow_requests_time_out(tiny
         results: list = []
         workers = [threading.Thread(target=lambda: results.append(c.post("/translate", json={"text": ["a"]})))
                    for _ in range(3)]
-        for w in workers:
+        for n, w in enumerate(workers, 1):  # the first held by the worker, the next two queued
             w.start()
-            time.sleep(0.05)
+            wait_until(_holding(engine, c.app.state.batcher, n), f"request {n} taken or queued")
         full = c.post("/translate", json={"text": ["b", "c"]})
         assert full.status_code == 503 and int(full.headers["Retry-After"]) >= 1
         assert "busy" in full.json()["error"]
@@ -341,7 +360,7 @@ def test_full_queue_answers_503_with_retry_after_and_slow_requests_time_out(tiny
 
 
 # -- the real command ------------------------------------------------------------------------------------
-@pytest.fixture
+@pytest.fixture(scope="module")
 def server(tiny_run: Path) -> Iterator[str]:
     """`transformer-mt serve` on a free port, as a user starts it; its URL."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import run_cli, tiny_overrides
+from tests.conftest import run_cli, smoke_overrides
 from transformer_mt.cli import main
 from transformer_mt.composition import compose_hydra, explain_composition_error, precheck
 from transformer_mt.config import ConfigError
@@ -17,9 +17,9 @@ from transformer_mt.sweep import markdown, write_summary
 
 
 def _sweep_overrides(corpus: Path, root: Path, **extra: object) -> list[str]:
-    """Tiny one-epoch jobs; the sweep directory comes from checkpoint.root, not checkpoint.dir."""
-    values = {"training.epochs": 1, "device.num_threads": 1, **extra}
-    return [o for o in tiny_overrides(corpus, root / "unused", **values)
+    """Smoke jobs (one epoch of 200 pairs); the sweep directory comes from checkpoint.root, not
+    checkpoint.dir."""
+    return [o for o in smoke_overrides(corpus, root / "unused", **extra)
             if not o.startswith("checkpoint.dir=")] + [f"checkpoint.root={root}"]
 
 
@@ -106,7 +106,7 @@ def test_multirun_compares_its_jobs(tmp_path: Path, corpus: Path) -> None:
 def test_optuna_sweep_maximises_bleu_in_three_trials(tmp_path: Path, corpus: Path) -> None:
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     result = run_cli("train", "-m", "sweep=optuna", "hydra.sweeper.n_trials=3",
-                     *_sweep_overrides(corpus, tmp_path, **{"dataset.max_pairs": 300}))
+                     *_sweep_overrides(corpus, tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     sweep = _sweep_dir(tmp_path)
     assert "Directions: ['maximize']" in result.stdout

@@ -1,5 +1,5 @@
-"""End to end on real Tatoeba pairs: train the tiny model (as a user would), resume it, evaluate and
-translate with it (in this process, through the same jobs)."""
+"""End to end on real Tatoeba pairs: the tiny model trained as a user would (`tiny_run`, conftest.py),
+resumed, evaluated and translated with (in this process, through the same jobs)."""
 
 from __future__ import annotations
 
@@ -24,32 +24,23 @@ def _scalars(run_dir: Path) -> dict[str, list[float]]:
     return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
-    """A 2-epoch tiny run through the real command line, shared by the tests below."""
-    run_dir = tmp_path_factory.mktemp("runs") / "tiny"
-    result = run_cli("train", *tiny_overrides(corpus, run_dir, **{"training.log_every": 1}))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
-
-
-def test_training_writes_a_complete_run(trained_run: Path) -> None:
+def test_training_writes_a_complete_run(tiny_run: Path) -> None:
     for name in ("epoch_001.pt", "epoch_002.pt", "best.pt", "latest.pt", "tokenizer.json",
                  "split/valid.tsv", "split/test.tsv", ".hydra/config.yaml", "metrics.jsonl"):
-        assert (trained_run / name).exists(), name
-    scalars = _scalars(trained_run)
+        assert (tiny_run / name).exists(), name
+    scalars = _scalars(tiny_run)
     for tag in ("valid/bleu", "valid/chrf", "valid/cer", "valid/wer", "valid/loss", "train/loss",
                 "train/lr", "train/grad_norm", "train/tgt_tokens_per_s"):
         assert tag in scalars, tag
     assert len(scalars["valid/bleu"]) == 2
     losses = scalars["train/loss"]
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3, "training loss did not fall"
-    epochs = [json.loads(line) for line in (trained_run / "metrics.jsonl").read_text().splitlines()]
+    epochs = [json.loads(line) for line in (tiny_run / "metrics.jsonl").read_text().splitlines()]
     assert [e["epoch"] for e in epochs] == [1, 2]
 
 
-def test_checkpoint_describes_itself(trained_run: Path) -> None:
-    state = load_checkpoint(trained_run / "latest.pt")
+def test_checkpoint_describes_itself(tiny_run: Path) -> None:
+    state = load_checkpoint(tiny_run / "latest.pt")
     assert state["epoch"] == 2 and state["batch_in_epoch"] == 0 and state["step"] > 0
     assert state["model_config"]["d_model"] == 64
     assert state["config"]["training"]["epochs"] == 2
@@ -57,24 +48,24 @@ def test_checkpoint_describes_itself(trained_run: Path) -> None:
         assert key in state
 
 
-def test_resume_continues_with_the_same_schedule(trained_run: Path, corpus: Path,
+def test_resume_continues_with_the_same_schedule(tiny_run_copy: Path, corpus: Path,
                                                   caplog: pytest.LogCaptureFixture) -> None:
-    before = load_checkpoint(trained_run / "latest.pt")
+    before = load_checkpoint(tiny_run_copy / "latest.pt")
     with caplog.at_level("INFO"):
-        tmt.train([f"resume={trained_run}", "training.epochs=3"])
+        tmt.train([f"resume={tiny_run_copy}", "training.epochs=3"])
     assert "resumed at epoch 3" in caplog.text
-    after = load_checkpoint(trained_run / "latest.pt")
+    after = load_checkpoint(tiny_run_copy / "latest.pt")
     assert after["epoch"] == 3
     assert after["step"] > before["step"]
     assert after["scheduler"]["last_epoch"] == after["step"]  # the schedule went on, not restarted
-    assert (trained_run / "epoch_003.pt").exists()
+    assert (tiny_run_copy / "epoch_003.pt").exists()
 
 
-def test_evaluate_reports_all_metrics(trained_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    tmt.evaluate([f"checkpoint={trained_run}", "decoding.beam_size=2", "max_sentences=20", "device=cpu"])
+def test_evaluate_reports_all_metrics(tiny_run_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmt.evaluate([f"checkpoint={tiny_run_copy}", "decoding.beam_size=2", "max_sentences=20", "device=cpu"])
     out = capsys.readouterr().out
     assert "BLEU" in out and "nrefs:1|case:mixed" in out
-    reports = list((trained_run / "eval").glob("test.*.beam2.json"))
+    reports = list((tiny_run_copy / "eval").glob("test.*.beam2.json"))
     report = json.loads(reports[0].read_text())
     for key in ("bleu", "chrf", "cer", "wer", "sentences_per_s", "tokens_per_s"):
         assert key in report
@@ -85,34 +76,34 @@ def _stdin(monkeypatch: pytest.MonkeyPatch, text: bytes) -> None:
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text), encoding="utf-8"))
 
 
-def test_translate_keeps_lines_aligned(trained_run: Path, monkeypatch: pytest.MonkeyPatch,
+def test_translate_keeps_lines_aligned(tiny_run: Path, monkeypatch: pytest.MonkeyPatch,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     _stdin(monkeypatch, b"He is sleeping.\n\nI am cold, \"really\" = yes.\n")
-    tmt.translate([f"checkpoint={trained_run}", "device=cpu"])
+    tmt.translate([f"checkpoint={tiny_run}", "device=cpu"])
     out = capsys.readouterr().out.split("\n")
     assert len(out) == 4 and out[1] == "" and out[3] == ""
 
 
-def test_translate_text_argument_is_verbatim(trained_run: Path) -> None:
-    result = run_cli("translate", f"checkpoint={trained_run}", "text=Hi, it's me = \"Tom\"!",
+def test_translate_text_argument_is_verbatim(tiny_run: Path) -> None:
+    result = run_cli("translate", f"checkpoint={tiny_run}", "text=Hi, it's me = \"Tom\"!",
                      "decoding.n_best=2", "decoding.beam_size=2", "scores=true")
     assert result.returncode == 0, result.stderr[-3000:]
     rows = result.stdout.strip("\n").split("\n")
     assert len(rows) == 2 and rows[0].startswith("1\t") and rows[1].startswith("2\t")
 
 
-def test_translate_rejects_non_utf8(trained_run: Path, tmp_path: Path,
+def test_translate_rejects_non_utf8(tiny_run: Path, tmp_path: Path,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("Ça va?\n".encode("latin-1"))
     for source in ([f"input={bad}"], []):  # a file, then stdin
         _stdin(monkeypatch, "Ça va?\n".encode("latin-1"))
         with pytest.raises(DataError, match="line 1 is not valid UTF-8") as info:
-            tmt.translate([f"checkpoint={trained_run}", *source])
+            tmt.translate([f"checkpoint={tiny_run}", *source])
         assert "\n" not in str(info.value)
 
 
-def test_translate_closes_its_input_file(trained_run: Path, tmp_path: Path,
+def test_translate_closes_its_input_file(tiny_run: Path, tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     src = tmp_path / "in.txt"
     src.write_text("Hello.\nGoodbye.\n", encoding="utf-8")
@@ -126,41 +117,41 @@ def test_translate_closes_its_input_file(trained_run: Path, tmp_path: Path,
         return handle
 
     monkeypatch.setattr(Path, "open", spy)
-    tmt.translate([f"checkpoint={trained_run}", f"input={src}", f"output={tmp_path / 'out.txt'}"])
+    tmt.translate([f"checkpoint={tiny_run}", f"input={src}", f"output={tmp_path / 'out.txt'}"])
     assert len(opened) == 1 and opened[0].closed
 
 
-def test_translate_file_to_file_and_long_input(trained_run: Path, tmp_path: Path,
+def test_translate_file_to_file_and_long_input(tiny_run: Path, tmp_path: Path,
                                                caplog: pytest.LogCaptureFixture) -> None:
     src = tmp_path / "in.txt"
     src.write_text("Hello.\n" + "very " * 400 + "long\n", encoding="utf-8")
     out = tmp_path / "out.txt"
-    tmt.translate([f"checkpoint={trained_run}", f"input={src}", f"output={out}", "decoding.beam_size=1"])
+    tmt.translate([f"checkpoint={tiny_run}", f"input={src}", f"output={out}", "decoding.beam_size=1"])
     assert len(out.read_text(encoding="utf-8").splitlines()) == 2
     assert "were cut" in caplog.text
 
 
-def test_attention_heatmap_png(trained_run: Path, tmp_path: Path) -> None:
+def test_attention_heatmap_png(tiny_run: Path, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     png = tmp_path / "attention.png"
-    cfg = tmt.compose("translate", [f"checkpoint={trained_run}", f"attention_png={png}"])
+    cfg = tmt.compose("translate", [f"checkpoint={tiny_run}", f"attention_png={png}"])
     cfg.text = "I am cold."
     tmt.translate(cfg)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_validation_logs_an_attention_image(trained_run: Path) -> None:
+def test_validation_logs_an_attention_image(tiny_run: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(trained_run / "tensorboard"))
+    acc = EventAccumulator(str(tiny_run / "tensorboard"))
     acc.Reload()
     assert "valid/cross_attention" in acc.Tags()["images"]
 
 
-def test_python_api(trained_run: Path) -> None:
+def test_python_api(tiny_run: Path) -> None:
     from transformer_mt import Translator  # the documented import
 
-    engine = Translator.from_checkpoint(trained_run, device="cpu")
+    engine = Translator.from_checkpoint(tiny_run, device="cpu")
     single = engine.predict("He is sleeping.")
     assert isinstance(single, str)
     batch = engine.translate(["He is sleeping.", "", "I am cold."], beam_size=3)
@@ -171,9 +162,9 @@ def test_python_api(trained_run: Path) -> None:
     assert [h.score for h in nbest] == sorted((h.score for h in nbest), reverse=True)
 
 
-def test_corrupt_and_mismatched_checkpoints(trained_run: Path, tmp_path: Path) -> None:
+def test_corrupt_and_mismatched_checkpoints(tiny_run: Path, tmp_path: Path) -> None:
     truncated = tmp_path / "truncated.pt"
-    truncated.write_bytes((trained_run / "best.pt").read_bytes()[:5000])
+    truncated.write_bytes((tiny_run / "best.pt").read_bytes()[:5000])
     result = run_cli("translate", f"checkpoint={truncated}", "text=Hello")
     assert result.returncode == 2 and "corrupt or truncated" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
