@@ -10,4 +10,6 @@ if [ ! -x "${TMT_CHROMIUM:-/usr/bin/chromium}" ]; then
   echo "note: no ${TMT_CHROMIUM:-/usr/bin/chromium}, so the browser test is skipped; to run it: apt-get install chromium (Debian)"
 fi
 ruff check transformer_mt tests scripts
-python -m pytest -q "$@"
+# One pytest-xdist worker per core (TMT_TEST_WORKERS=N to choose, 0 for none); a test file stays on one
+# worker, so that its module fixtures (a server, a prepared corpus) are built once.
+python -m pytest -q -n "${TMT_TEST_WORKERS:-auto}" --dist loadfile "$@"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 # Tests never use the network: Hugging Face libraries read only local files and caches.
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -93,11 +94,18 @@ def _listing(run_dir: Path) -> dict[str, tuple[int, int]]:
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Iterator[Path]:
     """The tiny run (2 epochs, TensorBoard scalars at every step), trained once through the command line
-    as a user would and shared by every test that reads a trained run. Read only: a test that writes into
-    a run (resumes it, evaluates into it) takes `tiny_run_copy`. Checked unchanged at the end."""
-    run_dir = tmp_path_factory.mktemp("tiny-run") / "run"
-    result = run_cli("train", *tiny_overrides(corpus, run_dir, **{"training.log_every": 1}))
-    assert result.returncode == 0, result.stderr[-3000:]
+    as a user would and shared by every test that reads a trained run, in every pytest-xdist worker: the
+    first to need it trains it under a file lock in the directory the workers share. Read only: a test
+    that writes into a run (resumes it, evaluates into it) takes `tiny_run_copy`. Checked unchanged at
+    the end."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the run's base directory, above each worker's own
+    run_dir = shared / "tiny-run" / "run"
+    with FileLock(str(shared / "tiny-run.lock")):
+        if not (run_dir / "result.json").is_file():
+            result = run_cli("train", *tiny_overrides(corpus, run_dir, **{"training.log_every": 1}))
+            assert result.returncode == 0, result.stderr[-3000:]
     before = _listing(run_dir)
     yield run_dir
     assert _listing(run_dir) == before, "a test wrote into the shared tiny_run: use tiny_run_copy"

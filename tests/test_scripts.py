@@ -189,7 +189,8 @@ def test_the_test_command_installs_nothing(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     log = (tmp_path / "log").read_text().splitlines()
-    assert log == ["setup.sh", "ruff check transformer_mt tests scripts CI=", "python -m pytest -q -k x CI="]
+    assert log == ["setup.sh", "ruff check transformer_mt tests scripts CI=",
+                   "python -m pytest -q -n auto --dist loadfile -k x CI="]
     [note] = result.stdout.splitlines()
     assert "browser test is skipped" in note and "apt-get install chromium" in note
 
@@ -202,4 +203,4 @@ def test_ci_prepares_the_browser_then_runs_the_test_command(tmp_path: Path) -> N
     log = (tmp_path / "log").read_text().splitlines()
     installs = ["apt-get install -y -q chromium CI="] if os.getuid() == 0 else []  # only root installs
     assert log == [*installs, "setup.sh", "ruff check transformer_mt tests scripts CI=1",
-                   "python -m pytest -q CI=1"]
+                   "python -m pytest -q -n auto --dist loadfile CI=1"]
