@@ -16,6 +16,7 @@ import torch
 
 import transformer_mt as tmt
 from tests.conftest import ROOT, run_cli
+from transformer_mt import finetune
 from transformer_mt.checkpoint import BEST, TRAINED, load_checkpoint
 from transformer_mt.data import prepare_data
 from transformer_mt.errors import CheckpointError, ConfigError
@@ -42,9 +43,10 @@ def _weights(state: dict[str, Any], key: str = "model") -> dict[str, torch.Tenso
 
 @pytest.fixture(scope="module")
 def finetuned(tiny_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A fine-tuning run of the tiny model, and what its first training step started from."""
+    """A fine-tuning run of the tiny model, what its first training step started from, and a copy of its
+    mid-epoch checkpoint of step 5 (`mid.pt`)."""
     run_dir = tmp_path_factory.mktemp("finetune") / "run"
-    overrides = with_resumed_overrides(finetune_overrides(tiny_run, run_dir))
+    overrides = with_resumed_overrides(finetune_overrides(tiny_run, run_dir, "training.save_every_steps=5"))
     trainer = Trainer(tmt.compose("train", overrides), run_dir, overrides)
     first: dict[str, Any] = {}
     step = trainer.train_step
@@ -54,6 +56,8 @@ def finetuned(tiny_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
             first.update(weights=_weights({"model": trainer.model.state_dict()}), step=trainer.step,
                          optimizer=dict(trainer.optimizer.state), lr_steps=trainer.scheduler.last_epoch,
                          best=dict(trainer.best))
+        if trainer.step == 5 and not (run_dir.parent / "mid.pt").exists():  # latest.pt was just saved
+            shutil.copyfile(run_dir / "latest.pt", run_dir.parent / "mid.pt")
         step(*args)
 
     trainer.train_step = spy  # type: ignore[method-assign]
@@ -109,15 +113,23 @@ def test_the_run_records_its_parent(finetuned: dict[str, Any], tiny_run: Path) -
 
 
 def test_resuming_a_finetuning_run_is_bit_exact(finetuned: dict[str, Any], tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch,
                                                 caplog: pytest.LogCaptureFixture) -> None:
-    """From its first epoch's checkpoint to the second's, as the uninterrupted run did; the parent is not
-    read again (its overrides put the parent's model in place)."""
+    """From its checkpoint in the middle of the first epoch to the second's end, as the uninterrupted
+    run did; the parent is not read again (its saved overrides put the parent's model in place)."""
     run_dir = tmp_path / "resumed"
     run_dir.mkdir()
-    shutil.copyfile(finetuned["run_dir"] / "epoch_001.pt", run_dir / "epoch_001.pt")
+    mid = load_checkpoint(finetuned["run_dir"].parent / "mid.pt")
+    assert mid["step"] == 5 and mid["epoch"] == 0 and mid["batch_in_epoch"] == 5
+    shutil.copyfile(finetuned["run_dir"].parent / "mid.pt", run_dir / "latest.pt")
+
+    def no_parent(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a resumed fine-tuning run read its parent")
+
+    monkeypatch.setattr(finetune, "load_parent", no_parent)
     with caplog.at_level("INFO"):
         tmt.train([f"resume={run_dir}"])
-    assert "resumed at epoch 2" in caplog.text and "fine-tuning" not in caplog.text
+    assert "resumed at epoch 1, batch 5, step 5" in caplog.text and "fine-tuning" not in caplog.text
     expected = load_checkpoint(finetuned["run_dir"] / "epoch_002.pt")
     got = load_checkpoint(run_dir / "epoch_002.pt")
     assert got["parent"] == expected["parent"] and got["step"] == expected["step"]

@@ -80,7 +80,7 @@ class Trainer:
             self.parent = state.get("parent")  # (None in checkpoints older than fine-tuning)
         elif cfg.init:  # fine-tuning: the parent's tokenizer, model and weights; the rest starts anew
             path, parent = finetune.read_parent(cfg)
-            self.parent = str(path)
+            self.parent = str(path.resolve())
         vocab = Vocabulary.from_json((state or parent)["tokenizer"]) if state or parent else None
         self.data = distributed.prepare_data(cfg.dataset, cfg.tokenizer, run_dir, vocab, self.world)
         self.vocab = self.data.vocab
