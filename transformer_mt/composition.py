@@ -138,6 +138,10 @@ def _checked(command: str, overrides: Sequence[str], job_num: int | None,
         raise ConfigError(explain_composition_error(ex)) from ex
     typed = to_dataclass(cfg, SCHEMAS[command])
     validate(typed, complete)
+    if command == "train" and typed.init:  # fine-tuning: the parent's model, tokenizer and languages
+        from transformer_mt import finetune
+
+        finetune.check_config(typed, finetune.load_parent(typed.init, mmap=True)[1])
     return cfg, typed
 
 

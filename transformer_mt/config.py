@@ -239,6 +239,9 @@ class TrainConfig:
     decoding: SearchConfig = field(default_factory=lambda: SearchConfig(beam_size=1))  # validation's
     seed: int = 1
     resume: str | None = None  # checkpoint file or directory to continue from
+    # fine-tune: a trained checkpoint or run directory whose weights, tokenizer and model a new run starts
+    # from (its optimizer, schedule and step count start anew; finetune.py)
+    init: str | None = None
     traceback: bool = False  # full tracebacks instead of one-line errors
 
 

@@ -1,6 +1,6 @@
 """The command line's arguments before anything is composed: Hydra's flags told apart from key=value
 overrides, a sweep's values listed one by one, old key names, a resumed run's own overrides replayed,
-and `checkpoint=a.pt,b.pt` kept as one value (an ensemble).
+a fine-tuned run's parent model put first, and `checkpoint=a.pt,b.pt` kept as one value (an ensemble).
 """
 
 from __future__ import annotations
@@ -61,14 +61,30 @@ def ensemble_checkpoints(command: str, overrides: Sequence[str]) -> list[str]:
 def with_resumed_overrides(overrides: Sequence[str]) -> list[str]:
     """`resume=<run>` replays the run's own overrides first, so the same config is composed again;
     overrides given now come after them and win (e.g. more `training.epochs`). Only the overrides are
-    read here (`checkpoint.saved_overrides`); training reads the checkpoint itself."""
+    read here (`checkpoint.saved_overrides`); training reads the checkpoint itself. A fine-tuning run
+    resumed is a resumed run: its `init=` is not replayed (its checkpoint names the parent).
+    Without resume=, `init=<parent>` puts the parent's model and tokenizer first (finetune.py)."""
     resume = [o.split("=", 1)[1] for o in overrides if o.startswith("resume=")]
     if not resume or not resume[-1]:
-        return list(overrides)
+        return _with_parent(overrides)
     from transformer_mt.checkpoint import saved_overrides
 
-    saved = [o for o in saved_overrides(resume[-1]) if not o.startswith(("resume=", "checkpoint.dir="))]
+    dropped = ("resume=", "init=", "checkpoint.dir=")
+    saved = [o for o in saved_overrides(resume[-1]) if not o.startswith(dropped)]
     return [*_upgraded(saved), *overrides]
+
+
+def _with_parent(overrides: Sequence[str]) -> list[str]:
+    """`init=<parent>`: the parent's model and tokenizer keys before the overrides given, whose
+    `model=`/`tokenizer=` choices must agree with them."""
+    init = [o.split("=", 1)[1] for o in overrides if o.startswith("init=")]
+    if not init or init[-1] in ("", "null"):
+        return list(overrides)
+    from transformer_mt import finetune
+
+    state = finetune.load_parent(init[-1], mmap=True)[1]
+    finetune.check_choices(init[-1], state, overrides)
+    return [*finetune.parent_overrides(state), *overrides]
 
 
 def _renamed(override: str) -> str | None:

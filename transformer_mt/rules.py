@@ -217,6 +217,9 @@ def _train_relations(cfg: TrainConfig) -> list[str]:
     found = []
     if cfg.model.tie_embeddings and not cfg.tokenizer.joint:
         found.append("model.tie_embeddings=true needs tokenizer.joint=true; set one of them to false")
+    if cfg.init and cfg.resume:
+        found.append(f"init={cfg.init} starts a new run from a trained model, resume={cfg.resume} continues "
+                     "a run (a fine-tuning run too, with resume= alone): give one of them")
     if cfg.dataset.max_len + 2 > cfg.model.max_positions:
         found.append(f"dataset.max_len={cfg.dataset.max_len} needs model.max_positions >= "
                      f"{cfg.dataset.max_len + 2}")

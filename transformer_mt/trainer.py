@@ -4,7 +4,7 @@
 `fit` trains epoch after epoch (`train_epoch`, one optimizer step at a time), validates and keeps a
 checkpoint at each epoch's end (and every `valid_every_steps`), until `should_stop` gives a reason.
 Every checkpoint records the position inside the epoch and all random state, so `resume=` continues
-exactly where the run stopped.
+exactly where the run stopped; `init=` starts a new run from another's weights (finetune.py).
 A step never waits for the device: what it tells the loop stays there until read (tally.py).
 """
 
@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from transformer_mt import checkpoint as ckpt
-from transformer_mt import distributed, ema, loss
+from transformer_mt import distributed, ema, finetune, loss
 from transformer_mt.config import TrainConfig
 from transformer_mt.data import Batch
 from transformer_mt.data.epochs import TrainingEpochs
@@ -60,12 +60,11 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, run_dir: Path, overrides: Sequence[str] = (), job: int | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         """`overrides` and `job` (its number in a sweep) go into the checkpoints and result.json; with
-        `resume`, the run continues from its newest good checkpoint (read here, once); `clock` reads
-        seconds (tests pass a fake one)."""
+        `resume`, the run continues from its newest good checkpoint (read here, once), with `init`, it
+        starts from the parent's weights; `clock` reads seconds (tests pass a fake one)."""
         self.cfg, self.run_dir, self.overrides, self.job = cfg, run_dir, list(overrides), job
         t = cfg.training
-        self.world = distributed.current()
-        self.started = time.perf_counter()
+        self.world, self.started = distributed.current(), time.perf_counter()
         if self.world.is_main:
             check_writable(run_dir, t.min_free_mib)
         configure_threads(cfg.device)
@@ -73,12 +72,16 @@ class Trainer:
         self.precision = precision(cfg.device, self.device)
         self.amp = self.precision.dtype
         seed_everything(cfg.seed)
-        state: dict[str, Any] | None = None
+        state = parent = None
+        self.parent: str | None = None  # the checkpoint a fine-tuning run started from (result.json)
         if cfg.resume:
             path, state = ckpt.load_latest_good(cfg.resume)
             log.info("resuming from %s", path)
-
-        vocab = Vocabulary.from_json(state["tokenizer"]) if state else None  # resuming: the run's own
+            self.parent = state.get("parent")  # (None in checkpoints older than fine-tuning)
+        elif cfg.init:  # fine-tuning: the parent's tokenizer, model and weights; the rest starts anew
+            path, parent = finetune.read_parent(cfg)
+            self.parent = str(path.resolve())
+        vocab = Vocabulary.from_json((state or parent)["tokenizer"]) if state or parent else None
         self.data = distributed.prepare_data(cfg.dataset, cfg.tokenizer, run_dir, vocab, self.world)
         self.vocab = self.data.vocab
         self.model = ckpt.build_model(cfg.model, self.vocab).to(self.device)
@@ -106,6 +109,8 @@ class Trainer:
         self.validated_at_step = False  # the last step was validated and saved already
         if state:
             self._restore(state)
+        elif parent:
+            finetune.start_from(parent, self.model, self.ema)
         forward = compiled(self.model, self.epochs.pad_to_multiple) if cfg.device.compile else self.model
         self.parallel = distributed.wrap(forward, self.world, self.device)  # what training calls
         self.session_tokens, self.session_start_seconds = 0, self.clock.seconds  # for result.json
@@ -357,6 +362,7 @@ class Trainer:
             "step": self.step, "best": self.best, "bad_epochs": self.bad_epochs,
             "train_seconds": self.clock.seconds, "world_size": self.world.size, "rng": rng_state(),
             "validated": self.validated_at_step,  # this position's validation is done (or still due)
+            "parent": self.parent,  # a fine-tuning run's parent checkpoint (None: trained from scratch)
         }
         name = {"epoch": f"epoch_{self.epoch:03d}.pt", "step": f"step_{self.step:07d}.pt"}.get(tag)
         path = ckpt.keep_checkpoint(state, self.run_dir, name, self.cfg.training.keep_last, improved)
@@ -388,7 +394,7 @@ class Trainer:
             "best_value": self._best_value(), "best_epoch": self.best["epoch"], "epochs": self.epoch,
             "steps": self.step, "world_size": self.world.size, "train_seconds": self.clock.seconds,
             "amp": str(self.precision), "src_lang": self.cfg.dataset.src_lang,
-            "tgt_lang": self.cfg.dataset.tgt_lang,
+            "tgt_lang": self.cfg.dataset.tgt_lang, "parent": self.parent,
             "wall_seconds": time.perf_counter() - self.started,
             "tgt_tokens_per_s": tokens / seconds if seconds > 0 else math.nan,
         }, hparams(self.cfg, self.overrides, self.world.size), self.step)

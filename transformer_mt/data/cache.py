@@ -304,7 +304,7 @@ def cached(cfg: DatasetConfig, tok_cfg: TokenizerConfig,
     """(content, cache hit?, cache folder): reuse a cache whose vocabulary fits, else build one."""
     corpus = locate(cfg)
     root = resolve_path(cfg.cache_dir) / "encoded"
-    # A given vocabulary (resuming) reuses the regular cache when that holds the same tokenizer.
+    # A given vocabulary (resuming, fine-tuning) reuses the regular cache when that holds the same tokenizer.
     keys = [cache_key(cfg, tok_cfg, corpus.fingerprint)]
     if vocab is not None:
         keys.append(cache_key(cfg, tok_cfg, corpus.fingerprint, vocab))

@@ -2,10 +2,11 @@
 
 `prepare_data` locates the corpus, splits it without leaks (or takes its own valid/test parts), trains
 the tokenizer on (a bounded sample of) the training pairs unless one is given (a checkpoint being
-resumed), and encodes everything. The corpus is read in a few streaming passes and the training ids
-are written to flat files that later runs memory-map: memory does not grow with the corpus, and a
-second run starts in seconds. The cache lives in `<cache_dir>/encoded/<key>/`, keyed by what decides
-it (the corpus files, the split and tokenizer settings).
+resumed, or the parent of a fine-tuning run), and encodes everything. The corpus is read in a few
+streaming passes and the training ids are written to flat files that later runs memory-map: memory
+does not grow with the corpus, and a second run starts in seconds. The cache lives in
+`<cache_dir>/encoded/<key>/`, keyed by what decides it (the corpus files, the split, and the tokenizer
+settings or the given tokenizer itself).
 
 Length limits are applied after the cache: training pairs with fewer than `dataset.min_len` or more than
 `dataset.max_len` tokens on a side are left out; valid/test pairs never are, their ids are cut to
@@ -118,7 +119,8 @@ def prepare_data(cfg: DatasetConfig, tok_cfg: TokenizerConfig, run_dir: Path | N
     """The corpus split, tokenized and encoded (cached), length limits applied; with run_dir, the
     split's files (split/valid.tsv, test.tsv, train_summary.json) and the tokenizer are written there.
 
-    `vocab` (e.g. from a checkpoint being resumed) replaces training a tokenizer.
+    `vocab` (from a checkpoint being resumed, or a fine-tuning run's parent) replaces training a
+    tokenizer; the cache is then keyed by it.
     """
     start = time.perf_counter()
     cfg.check()
