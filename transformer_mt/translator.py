@@ -232,7 +232,7 @@ class Translator(TextTranslator):
     def _align(self, sentences: list[str], ids: list[list[int]], results: list[list[Translation]],
                outputs: dict[int, list[list[int]]], decoding: DecodingConfig) -> None:
         """Set each translation's word alignment from one forced-decoding pass over it (whatever search
-        produced it); a sentence without a decoded output (empty) gets none."""
+        produced it); an empty source has no words, and its translation (its prefix) no links."""
         layers = self.model.config.decoder_layers
         if not -layers <= decoding.alignment_layer < layers:
             raise ConfigError(f"decoding.alignment_layer={decoding.alignment_layer} is out of range; this "

@@ -67,8 +67,8 @@ def format_score(score: PairScore, output_format: str) -> str:
     return f"{score.log_prob:.6f}\t{score.mean:.6f}"
 
 
-def score(cfg: ScoreConfig) -> None:
-    """Entry point of `transformer-mt score`."""
+def score(cfg: ScoreConfig) -> list[PairScore]:
+    """Entry point of `transformer-mt score`: the scores, also written to `output` or stdout."""
     sources, targets, name = read_pairs(cfg)
     configure_threads(cfg.device)
     assert cfg.checkpoint is not None  # validate() requires it
@@ -85,3 +85,4 @@ def score(cfg: ScoreConfig) -> None:
     else:
         sys.stdout.write(text)
         sys.stdout.flush()
+    return scores
