@@ -121,3 +121,15 @@ def test_serve_returns_alignments_when_asked(tiny_run: Path, engine: Translator)
     assert "alignments" not in plain
     assert asked["translations"] == plain["translations"]
     assert asked["alignments"] == [pharaoh(n[0].alignment) for n in expected]
+
+
+@pytest.mark.parametrize("command, overrides, says", [
+    ("evaluate", ["checkpoint=run"], "is for translate and serve"),
+    ("translate", ["engine=ctranslate2", "model_dir=x"], "runs on engine=pytorch"),
+    ("serve", ["engine=ctranslate2", "model_dir=x"], "runs on engine=pytorch"),
+])
+def test_alignment_where_it_cannot_run_is_a_config_error(command: str, overrides: list[str],
+                                                         says: str) -> None:
+    with pytest.raises(tmt.config.ConfigError, match=says):
+        tmt.compose(command, [*overrides, "decoding.alignment=true"])
+    tmt.compose(command, overrides)  # fine without it

@@ -263,6 +263,12 @@ def _needs_checkpoint(cfg: EvaluateConfig | ExportConfig | ScoreConfig) -> list[
     return [] if cfg.checkpoint else [_CHECKPOINT]
 
 
+def _evaluate_relations(cfg: EvaluateConfig) -> list[str]:
+    if cfg.decoding.alignment:
+        return ["decoding.alignment=true is for translate and serve; evaluate scores the translations alone"]
+    return []
+
+
 def _score_relations(cfg: ScoreConfig) -> list[str]:
     if cfg.input is not None and (cfg.src is not None or cfg.tgt is not None):
         return ["give the pairs as input=<TSV> or as src=<file> tgt=<file>, not both"]
@@ -284,6 +290,7 @@ RELATIONS: dict[str, Callable[[Any], list[str]]] = {
     "DeviceConfig": _device_relations,
     "DecodingConfig": _decoding_relations, "TrainConfig": _train_relations,
     "TranslateConfig": _engine_relations, "ServeConfig": _serve_relations, "ScoreConfig": _score_relations,
+    "EvaluateConfig": _evaluate_relations,
 }
 # What a command cannot run without (`--cfg job` prints a config without them).
 REQUIRED: dict[str, Callable[[Any], list[str]]] = {
