@@ -85,7 +85,7 @@ def test_the_command_scores_a_tsv_two_files_and_stdin_alike(engine: Translator, 
     tsv.write_text("".join(f"{s}\t{t}\n" for s, t in zip(sources, targets)), encoding="utf-8")
     (tmp_path / "a.txt").write_text("\n".join(sources) + "\n", encoding="utf-8")
     (tmp_path / "b.txt").write_text("\n".join(targets) + "\n", encoding="utf-8")
-    common = [f"checkpoint={tiny_run}", "device=cpu", "device.num_threads=2"]
+    common = [f"checkpoint={tiny_run}", "device=cpu"]
     done = run_cli("score", *common, f"input={tsv}", f"output={tmp_path / 'out.tsv'}")
     assert done.returncode == 0, done.stderr
     lines = (tmp_path / "out.tsv").read_text(encoding="utf-8").splitlines()
