@@ -302,7 +302,6 @@ class ScoreConfig:
     tgt: str | None = None
     output: str | None = None  # null = stdout
     output_format: str = "tsv"  # tsv: sum<TAB>mean per pair | json: one object a line
-    batch_tokens: int | None = None  # per batch; null: decoding's default (6000 on a CPU, 32768 on CUDA)
     traceback: bool = False
 
 
@@ -351,8 +350,7 @@ class ExportConfig:
 SCHEMAS: dict[str, type] = {"train": TrainConfig, "evaluate": EvaluateConfig, "translate": TranslateConfig,
                             "export": ExportConfig, "serve": ServeConfig, "score": ScoreConfig}
 
-# Keys that were renamed (old: new, why): the old name fails with one line that names the new one, and
-# the saved overrides of a run being resumed are carried over to the new name.
+# Renamed keys (old: new, why): the old name fails in one line naming the new; a resumed run's are moved.
 RENAMED = {
     "training.valid_beam_size": ("decoding.beam_size", "validation's search during train"),
     "debug": ("traceback", "debug=<name> picks a debug config: configs/debug/"),
@@ -368,8 +366,7 @@ def validate(cfg: Any, complete: bool = True) -> None:
     raise_if(section_problems(cfg, complete=complete))
 
 
-# ----------------------------------------------------------------------------------------------
-# From Hydra's DictConfig to the typed tree.
+# -- From Hydra's DictConfig to the typed tree. -----------------------------------------------------
 
 
 def _unknown_keys(node: Any, schema: type, prefix: str = "") -> list[str]:

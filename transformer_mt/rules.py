@@ -102,7 +102,6 @@ RANGES: dict[str, Rule] = {
     "decoding.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "max_sentences": at_least(1, or_null=True),
     "max_input_tokens": at_least(1, or_null=True),
-    "batch_tokens": at_least(1, or_null=True),
     "port": (lambda v: 0 <= v <= 65535, "a TCP port in [0, 65535] (0: any free port)"),
     "batching.window_ms": at_least(0),
     "batching.max_sentences": at_least(1),

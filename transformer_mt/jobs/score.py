@@ -75,7 +75,7 @@ def score(cfg: ScoreConfig) -> list[PairScore]:
     engine = Translator.from_checkpoint(cfg.checkpoint, device=select_device(cfg.device), amp=cfg.device.amp)
     log.info("scoring %d pairs of %s on %s (%s)", len(sources), name, engine.device, engine.precision)
     try:
-        scores = engine.score(sources, targets, batch_tokens=cfg.batch_tokens)
+        scores = engine.score(sources, targets)
     except DataError as ex:  # name the line rather than the pair: they are the same number
         raise DataError(f"{name}: {str(ex).replace('pair ', 'line ', 1)}") from None
     text = "".join(format_score(s, cfg.output_format) + "\n" for s in scores)
