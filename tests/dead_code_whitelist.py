@@ -44,6 +44,7 @@ _.model_config
 _.source_tokens
 _.target_tokens
 _.translations
+_.alignments
 http_error
 invalid
 health

@@ -10,6 +10,7 @@ The Python API is the command line's, in this process:
     >>> tmt.translate(cfg)
     >>> engine = tmt.Translator.from_checkpoint("runs/try")         # load once, translate many
     >>> engine.translate(["I am cold.", "Where is the station?"], beam_size=5)
+    >>> engine.score(["I am cold."], ["J'ai froid."])[0].mean       # log-probability per token
 
 Nothing heavy is imported until it is used, so `transformer-mt --help` stays fast. What each module
 of the package owns: docs/architecture.md.
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from transformer_mt.translator import Translator
 
 __version__ = "0.1.0"
-__all__ = ["Translator", "compose", "evaluate", "export", "train", "translate"]
+__all__ = ["Translator", "compose", "evaluate", "export", "score", "train", "translate"]
 
 
 def compose(command: str, overrides: Sequence[str] = ()) -> Any:
@@ -74,6 +75,13 @@ def export(config: Any = ()) -> Any:
     from transformer_mt.jobs.export import export as job
 
     return job(_typed("export", config))
+
+
+def score(config: Any = ()) -> list[Any]:
+    """`transformer-mt score`: overrides or a ScoreConfig in, each pair's `PairScore` out (also written)."""
+    from transformer_mt.jobs.score import score as job
+
+    return job(_typed("score", config))
 
 
 def __getattr__(name: str) -> Any:

@@ -30,6 +30,7 @@ COMMANDS = {
     "translate": "translate text from the command line, stdin or a file",
     "export": "export a checkpoint to CTranslate2 (int8/float16 ...) for fast inference",
     "serve": "serve a model over HTTP: a JSON API with cross-request batching, and a page",
+    "score": "the model's log-probability of given translation pairs (to filter or rerank them)",
 }
 USAGE = """usage: transformer-mt <command> [key=value ...] [hydra flags]
 
@@ -46,6 +47,7 @@ examples:
   echo "I am cold." | transformer-mt translate checkpoint=saved_weights/<run>
   transformer-mt export checkpoint=saved_weights/<run> quantization=int8
   transformer-mt serve checkpoint=saved_weights/<run> port=8000   # API + page at http://127.0.0.1:8000/
+  transformer-mt score checkpoint=saved_weights/<run> input=pairs.tsv  # sum<TAB>mean log-prob a pair
   transformer-mt train --cfg job        # print the composed config
   transformer-mt train --help           # config groups and every key
 
@@ -87,6 +89,9 @@ def _job(command: str) -> Callable[..., Any]:
     if command == "serve":
         from transformer_mt.jobs.serve import serve
         return serve
+    if command == "score":
+        from transformer_mt.jobs.score import score
+        return score
     from transformer_mt.jobs.translate import translate
     return translate
 

@@ -224,6 +224,8 @@ class DecodingConfig(SearchConfig):
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    alignment: bool = False  # word alignments `0-0 1-2 ...` (source-target) of each translation, from
+    alignment_layer: int = -1  # this decoder layer's cross-attention over heads (-1: last, -2: before)
 
 
 @dataclass
@@ -290,6 +292,20 @@ class TranslateConfig(EngineConfig):
 
 
 @dataclass
+class ScoreConfig:
+    """The `score` command: the model's log-probability of given pairs (each target given its source)."""
+
+    checkpoint: str | None = None  # file, or a run directory (its best checkpoint); a,b: an ensemble
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    input: str | None = None  # a TSV of source<TAB>target lines; null (and no src/tgt) = stdin ...
+    src: str | None = None  # ... or two files, one sentence a line, aligned
+    tgt: str | None = None
+    output: str | None = None  # null = stdout
+    output_format: str = "tsv"  # tsv: sum<TAB>mean per pair | json: one object a line
+    traceback: bool = False
+
+
+@dataclass
 class BatchingConfig(Section):
     """Cross-request batching of `serve`: one worker decodes the sentences of concurrent requests together."""
 
@@ -332,10 +348,9 @@ class ExportConfig:
 
 
 SCHEMAS: dict[str, type] = {"train": TrainConfig, "evaluate": EvaluateConfig, "translate": TranslateConfig,
-                            "export": ExportConfig, "serve": ServeConfig}
+                            "export": ExportConfig, "serve": ServeConfig, "score": ScoreConfig}
 
-# Keys that were renamed (old: new, why): the old name fails with one line that names the new one, and
-# the saved overrides of a run being resumed are carried over to the new name.
+# Renamed keys (old: new, why): the old name fails in one line naming the new; a resumed run's are moved.
 RENAMED = {
     "training.valid_beam_size": ("decoding.beam_size", "validation's search during train"),
     "debug": ("traceback", "debug=<name> picks a debug config: configs/debug/"),
@@ -351,8 +366,7 @@ def validate(cfg: Any, complete: bool = True) -> None:
     raise_if(section_problems(cfg, complete=complete))
 
 
-# ----------------------------------------------------------------------------------------------
-# From Hydra's DictConfig to the typed tree.
+# -- From Hydra's DictConfig to the typed tree. -----------------------------------------------------
 
 
 def _unknown_keys(node: Any, schema: type, prefix: str = "") -> list[str]:

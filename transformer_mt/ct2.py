@@ -329,6 +329,8 @@ class CT2Translator(TextTranslator):
         decoding = self._options(**options)
         if self.prefix_ids(sentences, prefixes, decoding):
             raise ConfigError("prefix decoding runs on engine=pytorch; drop decoding.prefix or the prefixes")
+        if decoding.alignment:
+            raise ConfigError("word alignments run on engine=pytorch; drop decoding.alignment")
         ids = self.encode(sentences)
         results: list[list[Translation]] = [[Translation("", 0.0)] for _ in sentences]
         # Source tokens as the encoder sees them (for attention widths and re-scoring).

@@ -24,7 +24,7 @@ NO_PRECHECK_FLAGS = {"--help", "-h", "--hydra-help", "--shell-completion", "-sc"
                      "--info", "-i"}
 MULTIRUN_FLAGS = {"-m", "--multirun"}
 # Commands whose `checkpoint=a.pt,b.pt` is an ensemble (decoding) rather than Hydra's sweep over files.
-ENSEMBLE_COMMANDS = ("evaluate", "translate", "serve")
+ENSEMBLE_COMMANDS = ("evaluate", "translate", "serve", "score")
 
 
 def split_flags(args: Sequence[str]) -> tuple[list[str], list[str]]:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # types only: the schemas import this module
         EvaluateConfig,
         ExportConfig,
         ModelConfig,
+        ScoreConfig,
         ServeConfig,
         TokenizerConfig,
         TrainConfig,
@@ -40,6 +41,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "split": ("test", "valid"),
     "engine": ("pytorch", "ctranslate2"),
     "input_format": ("text", "tsv"),
+    "output_format": ("tsv", "json"),
     "quantization": ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
                      "bfloat16", "float32"),
 }
@@ -230,9 +232,12 @@ _CHECKPOINT = "checkpoint= is required: a .pt file or a run directory under save
 
 
 def _engine_relations(cfg: EngineConfig) -> list[str]:
+    found = []
     if cfg.engine == "ctranslate2" and cfg.device.name == "mps":
-        return ["engine=ctranslate2 runs on cpu or cuda, not mps; set device=cpu"]
-    return []
+        found.append("engine=ctranslate2 runs on cpu or cuda, not mps; set device=cpu")
+    if cfg.engine == "ctranslate2" and cfg.decoding.alignment:
+        found.append("decoding.alignment=true runs on engine=pytorch (it reads the model's cross-attention)")
+    return found
 
 
 def _serve_relations(cfg: ServeConfig) -> list[str]:
@@ -253,8 +258,22 @@ def _engine_needs(cfg: EngineConfig) -> list[str]:
     return [] if cfg.checkpoint else [_CHECKPOINT]
 
 
-def _needs_checkpoint(cfg: EvaluateConfig | ExportConfig) -> list[str]:
+def _needs_checkpoint(cfg: EvaluateConfig | ExportConfig | ScoreConfig) -> list[str]:
     return [] if cfg.checkpoint else [_CHECKPOINT]
+
+
+def _evaluate_relations(cfg: EvaluateConfig) -> list[str]:
+    if cfg.decoding.alignment:
+        return ["decoding.alignment=true is for translate and serve; evaluate scores the translations alone"]
+    return []
+
+
+def _score_relations(cfg: ScoreConfig) -> list[str]:
+    if cfg.input is not None and (cfg.src is not None or cfg.tgt is not None):
+        return ["give the pairs as input=<TSV> or as src=<file> tgt=<file>, not both"]
+    if (cfg.src is None) != (cfg.tgt is None):
+        return ["src= and tgt= come together: one file of sources, one of their targets, aligned"]
+    return []
 
 
 def _needs_run_dir(cfg: TrainConfig) -> list[str]:
@@ -269,12 +288,13 @@ RELATIONS: dict[str, Callable[[Any], list[str]]] = {
     "TokenizerConfig": _tokenizer_relations, "TrainingConfig": _training_relations,
     "DeviceConfig": _device_relations,
     "DecodingConfig": _decoding_relations, "TrainConfig": _train_relations,
-    "TranslateConfig": _engine_relations, "ServeConfig": _serve_relations,
+    "TranslateConfig": _engine_relations, "ServeConfig": _serve_relations, "ScoreConfig": _score_relations,
+    "EvaluateConfig": _evaluate_relations,
 }
 # What a command cannot run without (`--cfg job` prints a config without them).
 REQUIRED: dict[str, Callable[[Any], list[str]]] = {
     "TranslateConfig": _engine_needs, "ServeConfig": _engine_needs, "EvaluateConfig": _needs_checkpoint,
-    "ExportConfig": _needs_checkpoint, "TrainConfig": _needs_run_dir,
+    "ExportConfig": _needs_checkpoint, "TrainConfig": _needs_run_dir, "ScoreConfig": _needs_checkpoint,
 }
 
 

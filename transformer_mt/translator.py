@@ -22,12 +22,14 @@ from typing import Any
 
 import torch
 
+from transformer_mt.alignment import source_words, target_words, word_alignment
 from transformer_mt.checkpoint import model_from_checkpoint
 from transformer_mt.config import DecodingConfig, DeviceConfig
 from transformer_mt.data import length_sorted_batches, pad_sources
-from transformer_mt.errors import ConfigError
+from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.model import Ensemble, Transformer
 from transformer_mt.runtime import Precision, autocast, precision, select_device
+from transformer_mt.scoring import PairScore, forced_attention, score_pairs
 from transformer_mt.search import Hypothesis, beam_search, greedy_search, sample
 from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Vocabulary
 
@@ -82,12 +84,14 @@ def _search(model: Transformer, src: torch.Tensor, decoding: DecodingConfig, ret
 
 @dataclass
 class Translation:
-    """One hypothesis: detokenised text, its model score and (on request) cross-attention."""
+    """One hypothesis: detokenised text, its model score and (on request) cross-attention and word
+    alignment."""
 
     text: str
     score: float
     tokens: list[str] | None = None
     attention: torch.Tensor | None = None  # (layers, heads, output tokens + eos, source tokens + eos)
+    alignment: list[tuple[int, int]] | None = None  # (source word, target word) links, decoding.alignment
 
 
 class TextTranslator:
@@ -220,4 +224,46 @@ class Translator(TextTranslator):
                             h.attention)
                 for text, h in zip(texts, nbest)
             ]
+        if decoding.alignment:
+            outputs = {i: [h.tokens for h in nbest] for i, nbest in zip(real, hyps)}
+            self._align(sentences, ids, results, outputs, decoding)
         return results
+
+    def _align(self, sentences: list[str], ids: list[list[int]], results: list[list[Translation]],
+               outputs: dict[int, list[list[int]]], decoding: DecodingConfig) -> None:
+        """Set each translation's word alignment from one forced-decoding pass over it (whatever search
+        produced it); an empty source has no words, and its translation (its prefix) no links."""
+        layers = self.model.config.decoder_layers
+        if not -layers <= decoding.alignment_layer < layers:
+            raise ConfigError(f"decoding.alignment_layer={decoding.alignment_layer} is out of range; this "
+                              f"model has {layers} decoder layers ({-layers} to {layers - 1})")
+        for nbest in results:
+            for t in nbest:
+                t.alignment = []
+        pairs = [(i, k) for i, outs in outputs.items() for k in range(len(outs))]
+        attention = forced_attention(self.model, [ids[i] for i, _ in pairs],
+                                     [outputs[i][k] for i, k in pairs], self.device,
+                                     decoding.batch_tokens_on(self.device), decoding.alignment_layer,
+                                     self.precision.dtype)
+        for (i, k), weights in zip(pairs, attention, strict=True):
+            src = source_words(self.vocab.src, sentences[i].strip(), len(ids[i]))
+            tgt = target_words(self.vocab.tgt, outputs[i][k])
+            results[i][k].alignment = word_alignment(weights, src, tgt)
+
+    def score(self, sources: list[str], targets: list[str],
+              batch_tokens: int | None = None) -> list[PairScore]:
+        """The model's log-probability of each target given its source (teacher forcing, as in training;
+        tokens: the target's pieces and its <eos>); DataError naming the first pair too long for the
+        model (1-based)."""
+        if len(sources) != len(targets):
+            raise ConfigError(f"{len(sources)} sources but {len(targets)} targets; give one target each")
+        src_ids = self.vocab.encode_src([s.strip() for s in sources])
+        tgt_ids = self.vocab.encode_tgt([t.strip() for t in targets])
+        limit = self.model.config.max_positions - 1  # the encoder's <eos>, the decoder's <bos>
+        for number, (s, t) in enumerate(zip(src_ids, tgt_ids), start=1):
+            if max(len(s), len(t)) > limit:
+                side, n = ("source", len(s)) if len(s) > limit else ("target", len(t))
+                raise DataError(f"pair {number}: the {side} has {n} tokens; this model scores at most "
+                                f"{limit}")
+        budget = batch_tokens or self.decoding.batch_tokens_on(self.device)
+        return score_pairs(self.model, src_ids, tgt_ids, self.device, budget, self.precision.dtype)

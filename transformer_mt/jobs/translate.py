@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TextIO
 
+from transformer_mt.alignment import pharaoh
 from transformer_mt.config import TranslateConfig
 from transformer_mt.data import utf8_lines
 from transformer_mt.engine import load_engine
@@ -40,12 +41,17 @@ def chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
 
 
 def format_nbest(nbest: list[Translation], n_best: int, with_scores: bool) -> list[str]:
-    """Output lines for one input: the best, or n lines `rank<TAB>score<TAB>text` with n-best."""
+    """Output lines for one input: the best, or n lines `rank<TAB>score<TAB>text` with n-best; with
+    decoding.alignment, each line ends in `<TAB>0-0 1-2 ...`."""
+    def text(h: Translation) -> str:
+        return h.text if h.alignment is None else f"{h.text}\t{pharaoh(h.alignment)}"
+
     if n_best == 1:
         best = nbest[0]
-        return [f"{best.score:.4f}\t{best.text}" if with_scores else best.text]
-    padded = nbest + [Translation("", float("-inf"))] * (n_best - len(nbest))
-    return [f"{rank}\t{h.score:.4f}\t{h.text}" if with_scores else h.text
+        return [f"{best.score:.4f}\t{text(best)}" if with_scores else text(best)]
+    empty = Translation("", float("-inf"), alignment=[] if nbest[0].alignment is not None else None)
+    padded = nbest + [empty] * (n_best - len(nbest))
+    return [f"{rank}\t{h.score:.4f}\t{text(h)}" if with_scores else text(h)
             for rank, h in enumerate(padded[:n_best], start=1)]
 
 

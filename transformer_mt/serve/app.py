@@ -27,6 +27,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
+from transformer_mt.alignment import pharaoh
 from transformer_mt.config import ServeConfig
 from transformer_mt.errors import UserError
 from transformer_mt.rules import n_best_in_beam
@@ -48,6 +49,8 @@ class TranslateRequest(BaseModel):
     n_best: int | None = Field(None, ge=1, description="hypotheses per text, at most beam_size")
     scores: bool = Field(False, description="also return each hypothesis with its model score")
     attention: bool = Field(False, description="also return cross-attention, per layer and head")
+    alignment: bool | None = Field(None, description="also return word alignments (`0-0 1-2 ...`, source-"
+                                   "target word indices) of each best translation; default: the server's")
     prefix: list[str] | str | None = Field(None, description="forced start of each translation (prefix "
                                            "decoding): one per text, \"\" for none; default: the server's")
 
@@ -67,6 +70,8 @@ class TranslateResponse(BaseModel):
     translations: list[str] = Field(description="the best translation of each text, in request order")
     nbest: list[list[Hypothesis]] | None = None
     attention: list[AttentionMap] | None = None
+    alignments: list[str] | None = Field(None, description="the best translation's word alignment of each "
+                                         "text (`0-0 1-2 ...`), when asked")
 
 
 class ErrorResponse(BaseModel):
@@ -170,7 +175,7 @@ def create_app(engine: TextTranslator, cfg: ServeConfig) -> FastAPI:
         start = time.perf_counter()
         body = parse_request(await request.body(), cfg)
         texts = [body.text] if isinstance(body.text, str) else body.text
-        search = Search(body.beam_size, body.n_best, body.attention)
+        search = Search(body.beam_size, body.n_best, body.attention, body.alignment)
         prefixes = [body.prefix] if isinstance(body.prefix, str) else body.prefix
         try:
             results = await asyncio.wait_for(batcher.translate(texts, search, prefixes), cfg.limits.timeout_s)
@@ -257,6 +262,8 @@ def respond(engine: TextTranslator, texts: list[str], results: list[list[Transla
         out.nbest = [[Hypothesis(text=h.text, score=_finite(h.score)) for h in nbest] for nbest in results]
     if body.attention:
         out.attention = [attention_map(engine, text, nbest[0]) for text, nbest in zip(texts, results)]
+    if any(nbest[0].alignment is not None for nbest in results):
+        out.alignments = [pharaoh(nbest[0].alignment or []) for nbest in results]
     return out
 
 

@@ -33,6 +33,7 @@ class Search:
     beam_size: int | None = None  # None: the server's default
     n_best: int | None = None
     attention: bool = False
+    alignment: bool | None = None  # None: the server's decoding.alignment
 
 
 @dataclass
@@ -172,7 +173,7 @@ class Batcher:
         try:
             results: Any = self.engine.translate_nbest(texts, return_attention=search.attention,
                                                        beam_size=search.beam_size, n_best=search.n_best,
-                                                       prefixes=prefixes)
+                                                       alignment=search.alignment, prefixes=prefixes)
         except UserError as ex:  # asked of an engine that cannot (prefixes on CTranslate2): no traceback
             results = ex
         except Exception as ex:  # noqa: BLE001 - the worker must outlive any one batch
