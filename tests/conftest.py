@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -115,3 +116,19 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Iterator
 def tiny_run_copy(tiny_run: Path, tmp_path: Path) -> Path:
     """A copy of tiny_run of this test's own, to resume or write into."""
     return Path(shutil.copytree(tiny_run, tmp_path / "tiny-run"))
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_run: Path) -> Any:
+    """The tiny run's Translator in float32 (a barely trained model has near ties that bf16 could break)."""
+    from transformer_mt.translator import Translator
+
+    return Translator.from_checkpoint(tiny_run, device="cpu", amp="off")
+
+
+def held_out_pairs(run_dir: Path, n: int) -> tuple[list[str], list[str]]:
+    """The first n (source, target) pairs of a run's validation split."""
+    from transformer_mt.data import load_split_tsv
+
+    sources, targets = load_split_tsv(run_dir / "split" / "valid.tsv")
+    return sources[:n], targets[:n]

@@ -10,10 +10,9 @@ import pytest
 import torch
 
 import transformer_mt as tmt
-from tests.conftest import run_cli
+from tests.conftest import held_out_pairs, run_cli
 from transformer_mt.alignment import pharaoh, source_words, target_words, word_alignment
 from transformer_mt.config import DecodingConfig, TokenizerConfig
-from transformer_mt.data import load_split_tsv
 from transformer_mt.scoring import forced_attention
 from transformer_mt.tokenizer import train_tokenizers
 from transformer_mt.translator import Translator, decode_ids
@@ -49,36 +48,31 @@ def test_links_follow_the_most_attended_source_word_and_skip_eos_and_spaces() ->
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_run: Path) -> Translator:
-    return Translator.from_checkpoint(tiny_run, device="cpu", amp="off")
-
-
-@pytest.fixture(scope="module")
 def held_out(tiny_run: Path) -> tuple[list[str], list[str]]:
-    sources, targets = load_split_tsv(tiny_run / "split" / "valid.tsv")
-    return sources[:12], targets[:12]
+    return held_out_pairs(tiny_run, 12)
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])
-def test_the_forced_pass_sees_the_attention_the_search_saw(engine: Translator, held_out,
+def test_the_forced_pass_sees_the_attention_the_search_saw(tiny_engine: Translator, held_out,
                                                            beam_size: int) -> None:
-    src_ids = engine.vocab.encode_src(held_out[0])
-    found = decode_ids(engine.model, src_ids, DecodingConfig(beam_size=beam_size), engine.device,
+    src_ids = tiny_engine.vocab.encode_src(held_out[0])
+    found = decode_ids(tiny_engine.model, src_ids, DecodingConfig(beam_size=beam_size), tiny_engine.device,
                        return_attention=True)
     best = [nbest[0] for nbest in found]
     for layer in (-1, 0):
-        forced = forced_attention(engine.model, src_ids, [h.tokens for h in best], engine.device, 6000, layer)
+        forced = forced_attention(tiny_engine.model, src_ids, [h.tokens for h in best], tiny_engine.device,
+                                  6000, layer)
         for h, weights in zip(best, forced):
             assert weights.shape == h.attention.shape[-2:]
             torch.testing.assert_close(weights, h.attention[layer].mean(0), atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])
-def test_every_target_word_is_aligned_within_range(engine: Translator, held_out, beam_size: int) -> None:
+def test_every_target_word_is_aligned_within_range(tiny_engine: Translator, held_out, beam_size: int) -> None:
     sources, references = held_out
     # The tiny model's own outputs are short: start each with the first words of its reference.
     prefixes = [" ".join(r.split()[:3]) for r in references]
-    results = engine.translate_nbest(sources, prefixes=prefixes, beam_size=beam_size,
+    results = tiny_engine.translate_nbest(sources, prefixes=prefixes, beam_size=beam_size,
                                      n_best=min(2, beam_size), alignment=True)
     checked = 0
     for source, nbest in zip(sources, results):
@@ -89,24 +83,24 @@ def test_every_target_word_is_aligned_within_range(engine: Translator, held_out,
             assert {w for _, w in t.alignment} == set(range(n_tgt)), (t.text, t.alignment)
             checked += n_tgt
     assert checked >= 2 * len(sources)  # real words checked, not empty outputs
-    assert engine.translate_nbest(sources[:2])[0][0].alignment is None  # only when asked
+    assert tiny_engine.translate_nbest(sources[:2])[0][0].alignment is None  # only when asked
     with pytest.raises(tmt.config.ConfigError, match="alignment_layer=5 is out of range"):
-        engine.translate_nbest(sources[:1], alignment=True, alignment_layer=5)
+        tiny_engine.translate_nbest(sources[:1], alignment=True, alignment_layer=5)
 
 
-def test_translate_prints_alignments_as_a_second_column(tiny_run: Path, engine: Translator) -> None:
+def test_translate_prints_alignments_as_a_second_column(tiny_run: Path, tiny_engine: Translator) -> None:
     done = run_cli("translate", f"checkpoint={tiny_run}", "device=cpu", "device.amp=off",
                    "decoding.beam_size=1", "decoding.alignment=true", "decoding.prefix=Il est",
                    input="He is sleeping.\n\nI am cold.\n")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.split("\n")[:-1]
-    expected = engine.translate_nbest(["He is sleeping.", "", "I am cold."], beam_size=1, prefix="Il est",
-                                      alignment=True)
+    expected = tiny_engine.translate_nbest(["He is sleeping.", "", "I am cold."], beam_size=1,
+                                           prefix="Il est", alignment=True)
     assert lines == [f"{n[0].text}\t{pharaoh(n[0].alignment)}" for n in expected]
     assert lines[0].split("\t")[1].split() and lines[1] == "Il est\t"
 
 
-def test_serve_returns_alignments_when_asked(tiny_run: Path, engine: Translator) -> None:
+def test_serve_returns_alignments_when_asked(tiny_run: Path, tiny_engine: Translator) -> None:
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
@@ -114,10 +108,10 @@ def test_serve_returns_alignments_when_asked(tiny_run: Path, engine: Translator)
 
     cfg = tmt.compose("serve", [f"checkpoint={tiny_run}", "device=cpu"])
     texts, prefix = ["He is sleeping.", "I am cold."], ["Il est", "Il est"]
-    with TestClient(create_app(engine, cfg)) as client:
+    with TestClient(create_app(tiny_engine, cfg)) as client:
         plain = client.post("/translate", json={"text": texts, "prefix": prefix}).json()
         asked = client.post("/translate", json={"text": texts, "prefix": prefix, "alignment": True}).json()
-    expected = engine.translate_nbest(texts, prefixes=["Il est"] * 2, alignment=True)
+    expected = tiny_engine.translate_nbest(texts, prefixes=["Il est"] * 2, alignment=True)
     assert "alignments" not in plain
     assert asked["translations"] == plain["translations"]
     assert asked["alignments"] == [pharaoh(n[0].alignment) for n in expected]

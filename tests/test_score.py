@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import run_cli
+from tests.conftest import held_out_pairs, run_cli
 from transformer_mt.config import DecodingConfig
-from transformer_mt.data import collate, load_split_tsv
+from transformer_mt.data import collate
 from transformer_mt.loss import summed_nll
 from transformer_mt.model import Ensemble
 from transformer_mt.scoring import score_pairs
@@ -19,58 +19,53 @@ from transformer_mt.translator import Translator, decode_ids
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_run: Path) -> Translator:
-    return Translator.from_checkpoint(tiny_run, device="cpu", amp="off")
-
-
-@pytest.fixture(scope="module")
 def pairs(tiny_run: Path) -> tuple[list[str], list[str]]:
-    sources, targets = load_split_tsv(tiny_run / "split" / "valid.tsv")
-    return sources[:40], targets[:40]
+    return held_out_pairs(tiny_run, 40)
 
 
-def _training_loss(engine: Translator, sources: list[str], targets: list[str]) -> tuple[float, int]:
+def _training_loss(tiny_engine: Translator, sources: list[str], targets: list[str]) -> tuple[float, int]:
     """The summed training loss (no label smoothing) of the pairs as one collated batch, and its tokens."""
-    batch = collate(engine.vocab.encode_src(sources), engine.vocab.encode_tgt(targets))
+    batch = collate(tiny_engine.vocab.encode_src(sources), tiny_engine.vocab.encode_tgt(targets))
     with torch.no_grad():
-        logits = engine.model.eval()(batch.src, batch.tgt_in)
+        logits = tiny_engine.model.eval()(batch.src, batch.tgt_in)
     return float(summed_nll(logits, batch.tgt_out, label_smoothing=0.0)), batch.n_tgt_tokens
 
 
-def test_score_equals_the_training_loss_per_token(engine: Translator, pairs) -> None:
+def test_score_equals_the_training_loss_per_token(tiny_engine: Translator, pairs) -> None:
     sources, targets = pairs
-    scores = engine.score(sources, targets)
-    loss, tokens = _training_loss(engine, sources, targets)
+    scores = tiny_engine.score(sources, targets)
+    loss, tokens = _training_loss(tiny_engine, sources, targets)
     assert sum(s.tokens for s in scores) == tokens  # target pieces + <eos>, as training counts them
     assert abs(-sum(s.log_prob for s in scores) / tokens - loss / tokens) < 1e-4
     for s, src, tgt in zip(scores[:10], sources, targets):  # and pair by pair
-        own_loss, own_tokens = _training_loss(engine, [src], [tgt])
+        own_loss, own_tokens = _training_loss(tiny_engine, [src], [tgt])
         assert s.tokens == own_tokens
         assert abs(s.mean + own_loss / own_tokens) < 1e-4
 
 
-def test_batches_change_no_score_and_keep_input_order(engine: Translator, pairs) -> None:
+def test_batches_change_no_score_and_keep_input_order(tiny_engine: Translator, pairs) -> None:
     sources, targets = pairs
-    batched = engine.score(sources, targets)
-    alone = engine.score(sources, targets, batch_tokens=1)  # one pair a batch
-    reversed_ = engine.score(sources[::-1], targets[::-1])[::-1]
+    batched = tiny_engine.score(sources, targets)
+    alone = tiny_engine.score(sources, targets, batch_tokens=1)  # one pair a batch
+    reversed_ = tiny_engine.score(sources[::-1], targets[::-1])[::-1]
     for a, b, c in zip(batched, alone, reversed_):
         assert a.tokens == b.tokens == c.tokens
         assert abs(a.log_prob - b.log_prob) < 1e-4 * a.tokens
         assert abs(a.log_prob - c.log_prob) < 1e-4 * a.tokens
     # The model's own greedy outputs score as the search scored them (a sum of the same log-probs).
-    src_ids = engine.vocab.encode_src(sources[:8])
-    greedy = decode_ids(engine.model, src_ids, DecodingConfig(beam_size=1), engine.device)
+    src_ids = tiny_engine.vocab.encode_src(sources[:8])
+    greedy = decode_ids(tiny_engine.model, src_ids, DecodingConfig(beam_size=1), tiny_engine.device)
     hyps = [nbest[0] for nbest in greedy]
-    rescored = score_pairs(engine.model, src_ids, [h.tokens for h in hyps], engine.device, 6000)
+    rescored = score_pairs(tiny_engine.model, src_ids, [h.tokens for h in hyps], tiny_engine.device, 6000)
     assert all(abs(r.log_prob - h.score) < 1e-4 * r.tokens for r, h in zip(rescored, hyps))
 
 
-def test_an_ensemble_of_one_is_the_model_and_of_two_copies_the_same(engine: Translator, pairs,
+def test_an_ensemble_of_one_is_the_model_and_of_two_copies_the_same(tiny_engine: Translator, pairs,
                                                                      tiny_run: Path) -> None:
     sources, targets = pairs
-    alone = engine.score(sources, targets)
-    one = Translator(Ensemble([engine.model]), engine.vocab, engine.device).score(sources, targets)
+    alone = tiny_engine.score(sources, targets)
+    model, vocab, device = tiny_engine.model, tiny_engine.vocab, tiny_engine.device
+    one = Translator(Ensemble([model]), vocab, device).score(sources, targets)
     assert [s.log_prob for s in one] == [s.log_prob for s in alone]
     pair = Translator.from_checkpoint(f"{tiny_run},{tiny_run}", device="cpu", amp="off")
     two = pair.score(sources, targets)
@@ -78,7 +73,7 @@ def test_an_ensemble_of_one_is_the_model_and_of_two_copies_the_same(engine: Tran
         assert abs(a.log_prob - b.log_prob) < 1e-4 * a.tokens
 
 
-def test_the_command_scores_a_tsv_two_files_and_stdin_alike(engine: Translator, pairs, tiny_run: Path,
+def test_the_command_scores_a_tsv_two_files_and_stdin_alike(tiny_engine: Translator, pairs, tiny_run: Path,
                                                             tmp_path: Path) -> None:
     sources, targets = pairs[0][:6], pairs[1][:6]
     tsv = tmp_path / "pairs.tsv"
@@ -89,7 +84,7 @@ def test_the_command_scores_a_tsv_two_files_and_stdin_alike(engine: Translator, 
     done = run_cli("score", *common, f"input={tsv}", f"output={tmp_path / 'out.tsv'}")
     assert done.returncode == 0, done.stderr
     lines = (tmp_path / "out.tsv").read_text(encoding="utf-8").splitlines()
-    expected = engine.score(sources, targets)
+    expected = tiny_engine.score(sources, targets)
     assert len(lines) == len(sources)
     for line, s in zip(lines, expected):
         total, mean = map(float, line.split("\t"))
