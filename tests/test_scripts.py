@@ -24,8 +24,9 @@ from transformer_mt.tables import markdown_table
 
 SCRIPTS = ROOT / "scripts"
 # Every script (a file with a __main__ block) and the test below that runs it.
-TESTED = {"average_checkpoints.py", "benchmark.py", "benchmark_data.py", "benchmark_decoding.py",
-          "benchmark_serve.py", "plot_learning_curve.py", "results_table.py"}
+TESTED = {"adaptation_study.py", "average_checkpoints.py", "back_translation.py", "benchmark.py",
+          "benchmark_data.py", "benchmark_decoding.py", "benchmark_serve.py", "plot_learning_curve.py",
+          "results_table.py"}
 
 
 @pytest.fixture
@@ -144,6 +145,44 @@ def test_results_table(script, tiny_run: Path, tmp_path: Path, capsys: pytest.Ca
                         f"{report['cer']:.3f} | {report['wer']:.3f} | {report['n']} | "
                         f"{report['sentences_per_s']:.0f} | {minutes:.1f} |")
     assert lines[-1].startswith("Signatures: BLEU nrefs:1")
+
+
+def test_back_translation(script, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The whole recipe on 800 pairs: the halves are disjoint, the synthetic sources are the reverse model's
+    translations of the monolingual half, the second run trains on them tagged; one table at the end."""
+    out = tmp_path / "bt"
+    tiny = ["--", "debug=tiny", "dataset.max_pairs=null", "training.epochs=2", "device.num_threads=1",
+            f"dataset.cache_dir={tmp_path / 'cache'}"]
+    assert script("back_translation").main(["--corpus", str(corpus), "--max-pairs", "800", "--out", str(out),
+                                            *tiny]) == 0
+    parallel, test = (load_split_tsv(out / f"{name}.tsv") for name in ("parallel", "test"))
+    mono = (out / "mono.txt").read_text(encoding="utf-8").splitlines()
+    assert not set(mono) & set(parallel[1]) and not set(test[1]) & (set(mono) | set(parallel[1]))
+    synthetic = load_split_tsv(out / "synthetic.tsv")
+    back = (out / "synthetic.txt").read_text(encoding="utf-8").splitlines()
+    assert synthetic[1] == [t for s, t in zip(back, mono) if s.strip()]
+    summary = json.loads((out / "parallel+bt" / "split" / "train_summary.json").read_text())
+    assert summary["mixture"][1]["tag"] == "<bt>" and summary["mixture"][1]["train"] > 0
+    table = capsys.readouterr().out
+    assert "| parallel only |" in table and "| parallel + tagged back-translation |" in table
+    assert "BLEU signature: nrefs:1" in table
+
+
+def test_adaptation_study(script, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The four runs on a few hundred pairs (en->fr): (c) starts from (b), (d) mixes Tatoeba in; one
+    table of all four on Multi30k's validation set and test split."""
+    multi30k = ROOT.parent / "shared" / "data" / "multi30k"
+    if not (multi30k / "train.fr.gz").is_file():
+        pytest.skip("Multi30k not found at ../shared/data/multi30k")
+    out = tmp_path / "study"
+    smoke = ["--", "debug=smoke", "training.epochs=1", "device.num_threads=1",
+             "training.valid_max_sentences=8"]
+    assert script("adaptation_study").main(["--multi30k", str(multi30k), "--tatoeba", str(corpus), "--tgt",
+                                            "fr", "--max-sentences", "10", "--out", str(out), *smoke]) == 0
+    assert load_checkpoint(out / "c" / "best.pt")["parent"] == str((out / "b" / "best.pt").resolve())
+    assert json.loads((out / "d" / "split" / "train_summary.json").read_text())["mixture"][1]["weight"] == 0.2
+    table = capsys.readouterr().out
+    assert table.count("\n| (") == 4 and "nrefs:1" in table and "nc:6" in table
 
 
 def test_plot_learning_curve(script, tiny_run: Path, tmp_path: Path) -> None:

@@ -128,6 +128,25 @@ def test_parallel_files_with_their_own_held_out_pairs(tmp_path: Path) -> None:
     assert len(data.train) < 240
 
 
+def test_a_valid_part_without_a_test_part(tmp_path: Path) -> None:
+    """The test split is then drawn from the training pairs, leak-free, or left out with test_size=0."""
+    rows = [(f"The cat {i}.", f"Die Katze {i}.") for i in range(300)]
+    train = write_lines(tmp_path / "train.tsv", [f"{e}\t{d}" for e, d in rows[:260] + rows[270:275]])
+    valid = write_lines(tmp_path / "valid.tsv", [f"{e}\t{d}" for e, d in rows[260:]])
+    cfg = DatasetConfig(name="parallel", path=str(train), valid_path=str(valid), url=None, src_lang="en",
+                        tgt_lang="de", test_size=25, cache_dir=str(tmp_path / "cache"))
+    data = prepare_data(cfg, TokenizerConfig(kind="char", vocab_size=100), tmp_path / "run")
+    assert data.valid.src_text == [e for e, _ in rows[260:]]
+    assert (len(data.test), len(data.train)) == (25, 235)  # 5 training pairs were valid pairs
+    train_text, held_out = _held_out_and_train(data)
+    assert not train_text & held_out and not set(data.test.src_text) & set(data.valid.src_text)
+    assert (tmp_path / "run" / "split" / "test.tsv").read_text().count("\n") == len(data.test)
+    assert tmt.data.held_out_pairs(cfg, "test") == list(zip(data.test.src_text, data.test.tgt_text))
+    none = prepare_data(DatasetConfig(**{**cfg.__dict__, "test_size": 0}), TokenizerConfig(kind="char",
+                                                                                        vocab_size=100))
+    assert len(none.test) == 0 and len(none.train) == 260
+
+
 def test_a_hugging_face_dataset_on_disk(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     saved = hf_dataset(tmp_path / "hf", pairs(300, seed=3))
     with caplog.at_level("INFO"):
@@ -196,7 +215,7 @@ def test_bad_files_fail_in_one_line(tmp_path: Path, files: dict[str, str | bytes
     ({"name": "parallel", "path": None}, "dataset=parallel needs its training pairs"),
     ({"name": "parallel", "path": None, "src_path": "a"},
      "dataset.src_path and dataset.tgt_path go together"),
-    ({"name": "parallel", "valid_path": "v.tsv"}, "held-out pairs for both valid and test, or for neither"),
+    ({"name": "parallel", "test_path": "t.tsv"}, "takes test pairs with valid pairs of their own"),
     ({"name": "hf", "path": None}, "dataset=hf needs dataset.hf_path="),
     ({"src_lang": "de", "tgt_lang": "fr"}, "dataset=tatoeba pairs English with another language"),
     ({"src_lang": "de", "tgt_lang": "de"}, "are both 'de'"),

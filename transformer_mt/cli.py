@@ -19,10 +19,11 @@ import hydra
 from omegaconf import DictConfig
 
 from transformer_mt.composition import precheck
-from transformer_mt.config import CONFIG_DIR, SCHEMAS, to_dataclass, validate
+from transformer_mt.config import CONFIG_DIR, SCHEMAS, validate
 from transformer_mt.errors import UserError
 from transformer_mt.overrides import MULTIRUN_FLAGS, ensemble_checkpoints, split_flags, with_resumed_overrides
 from transformer_mt.resolvers import register
+from transformer_mt.typed import to_dataclass
 
 COMMANDS = {
     "train": "train a model (checkpoints, TensorBoard logs and validation every epoch)",

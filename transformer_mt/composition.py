@@ -25,8 +25,6 @@ from transformer_mt.config import (
     CONFIG_DIR,
     SCHEMAS,
     ConfigError,
-    to_dataclass,
-    unknown_key_message,
     validate,
 )
 from transformer_mt.overrides import (
@@ -38,6 +36,7 @@ from transformer_mt.overrides import (
     sweep_variants,
 )
 from transformer_mt.resolvers import register
+from transformer_mt.typed import to_dataclass, unknown_key_message
 
 # Config options that come from Hydra plugins, and the extra that installs each.
 PLUGIN_EXTRAS = {"hydra/sweeper=optuna": "sweep", "hydra/launcher=joblib": "sweep",

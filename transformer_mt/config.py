@@ -11,12 +11,9 @@ the same messages as the command line.
 from __future__ import annotations
 
 import dataclasses
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
-
-from omegaconf import DictConfig, OmegaConf
 
 from transformer_mt.errors import (  # noqa: F401 - re-exported: the errors come with the config
     CheckpointError,
@@ -42,6 +39,32 @@ class Section:
     def check(self) -> None:
         """Raise ConfigError listing every problem of this section."""
         raise_if(self.problems())
+
+
+@dataclass
+class MixedCorpus:
+    """A corpus mixed into the dataset's training pairs (`dataset.mix`): where its pairs come from (as the
+    `dataset.*` keys of the same names), how much of an epoch it makes and the tag its sources carry.
+    Languages, lengths, split and cache are the dataset's; its held-out parts are the dataset's own."""
+
+    name: str = "parallel"  # tatoeba | parallel | hf
+    path: str | None = None
+    src_path: str | None = None
+    tgt_path: str | None = None
+    hf_path: str | None = None
+    hf_name: str | None = None
+    hf_data_files: str | None = None
+    max_pairs: int | None = None
+    weight: float = 1.0  # an epoch holds its pairs this many times (0.3: a new random 30% each epoch)
+    tag: str | None = None  # text put before each of its source sentences, e.g. <bt> (back-translation)
+
+    def dataset(self, base: DatasetConfig) -> DatasetConfig:
+        """The dataset section that reads this corpus: base's languages, lengths and cache, this corpus's
+        files, all of its pairs for training (no held-out parts of its own)."""
+        location = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return dataclasses.replace(base, **location, url=None, valid_src_path=None, valid_tgt_path=None,
+                                   valid_path=None, test_src_path=None, test_tgt_path=None, test_path=None,
+                                   valid_size=0, test_size=0, mix=[])
 
 
 @dataclass
@@ -77,6 +100,9 @@ class DatasetConfig(Section):
     valid_size: int = 2000  # pairs (whole source-sentence groups, so approximately)
     test_size: int = 2000
     split_seed: int = 1234
+    weight: float = 1.0  # with dataset.mix: how many times an epoch holds this corpus's training pairs
+    tag: str | None = None  # text put before each source sentence of this corpus (as MixedCorpus.tag)
+    mix: list[MixedCorpus] = field(default_factory=list)  # more corpora for training (data/mixture.py)
 
 
 @dataclass
@@ -364,35 +390,6 @@ def validate(cfg: Any, complete: bool = True) -> None:
     """Raise ConfigError listing every impossible value of a command's typed config (and, when complete,
     every missing one: a checkpoint= to evaluate, say)."""
     raise_if(section_problems(cfg, complete=complete))
-
-
-# -- From Hydra's DictConfig to the typed tree. -----------------------------------------------------
-
-
-def _unknown_keys(node: Any, schema: type, prefix: str = "") -> list[str]:
-    """Keys present in a composed config that the schema does not define (e.g. from `+key=`)."""
-    types = typing.get_type_hints(schema)
-    found = []
-    for key in node:
-        if key not in types or typing.get_origin(types[key]) is ClassVar:
-            found.append(f"{prefix}{key}")
-        elif dataclasses.is_dataclass(types[key]) and isinstance(node[key], DictConfig):
-            found += _unknown_keys(node[key], types[key], f"{prefix}{key}.")
-    return found
-
-
-def unknown_key_message(key: str) -> str:
-    """What to say about a key the schema lacks: its new name if it was renamed, else a spelling hint."""
-    if key in RENAMED:
-        return f"'{key}' was renamed: use {RENAMED[key][0]} ({RENAMED[key][1]})"
-    return f"'{key}' is not a known key; check the spelling (`--cfg job` lists every key)"
-
-
-def to_dataclass(cfg: DictConfig, schema: type) -> Any:
-    """Turn a composed config into the typed dataclass tree; unknown keys raise ConfigError."""
-    cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
-    raise_if([unknown_key_message(k) for k in _unknown_keys(cfg, schema)])
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
 
 
 def resolve_path(path: str | Path) -> Path:

@@ -13,7 +13,8 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep
 
-from transformer_mt.config import IGNORED_BY_TRAIN, RENAMED, ConfigError, unknown_key_message
+from transformer_mt.config import IGNORED_BY_TRAIN, RENAMED, ConfigError
+from transformer_mt.typed import unknown_key_message
 
 log = logging.getLogger(__name__)
 # Hydra flags that take a value in the next argument; flags after which nothing runs.

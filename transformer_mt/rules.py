@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # types only: the schemas import this module
         EngineConfig,
         EvaluateConfig,
         ExportConfig,
+        MixedCorpus,
         ModelConfig,
         ScoreConfig,
         ServeConfig,
@@ -63,6 +64,7 @@ RANGES: dict[str, Rule] = {
     "dataset.min_len": at_least(0),
     "dataset.valid_size": at_least(1),
     "dataset.test_size": at_least(0),
+    "dataset.weight": POSITIVE,
     "tokenizer.min_frequency": at_least(1),
     "tokenizer.max_sentences": at_least(100),
     "tokenizer.dropout": PROBABILITY,
@@ -146,10 +148,31 @@ def _dataset_relations(d: DatasetConfig) -> list[str]:
         found.append("dataset=tatoeba needs dataset.path=<the <lang>-eng.zip or its .txt>")
     if d.name == "parallel":
         found += _parallel_files(d)
+    if d.tag is not None and (not d.tag.strip() or any(c in d.tag for c in "\t\r\n")):
+        found.append(f"dataset.tag={d.tag!r}: give a tag of visible text on one line, e.g. <bt>, or null")
+    for k, corpus in enumerate(d.mix):
+        found += _mixed_corpus(d, k, corpus)
     if d.name in ("hf", "opus_books") and not (d.hf_path or d.hf_data_files):
         found.append(f"dataset={d.name} needs dataset.hf_path=<a hub dataset or a save_to_disk directory> "
                      "(or dataset.hf_data_files=<.jsonl>)")
     return found
+
+
+MIXABLE = ("tatoeba", "parallel", "hf")  # the corpora dataset.mix reads
+
+
+def _mixed_corpus(d: DatasetConfig, k: int, corpus: MixedCorpus) -> list[str]:
+    """A corpus of dataset.mix: its own keys, then the dataset rules of the section that reads it."""
+    key = f"dataset.mix[{k}]"
+    if corpus.name not in MIXABLE:
+        return [f"{key}.name={corpus.name!r} is not allowed; choose one of: {', '.join(MIXABLE)}"]
+    found = out_of_range(f"{key}.weight", corpus.weight, corpus.weight > 0,
+                         "> 0 (leave the corpus out of dataset.mix instead)")
+    pairs = corpus.max_pairs
+    found += out_of_range(f"{key}.max_pairs", pairs, pairs is None or pairs >= 10, ">= 10 or null")
+    shared = ("dataset.max_len", "dataset.src_lang and")  # the dataset's own keys: reported once
+    return found + [f"{key}: " + p.replace("dataset.", f"{key}.") for p in
+                    _dataset_relations(corpus.dataset(d)) if not p.startswith(shared)]
 
 
 def _parallel_files(d: DatasetConfig) -> list[str]:
@@ -166,9 +189,9 @@ def _parallel_files(d: DatasetConfig) -> list[str]:
     if not (d.src_path or d.path):
         found.append("dataset=parallel needs its training pairs: dataset.src_path=<file> "
                      "dataset.tgt_path=<file>, or dataset.path=<source<TAB>target file>")
-    if bool(d.valid_src_path or d.valid_path) != bool(d.test_src_path or d.test_path):
-        found.append("dataset=parallel takes held-out pairs for both valid and test, or for neither "
-                     "(then they are split off the training pairs)")
+    if (d.test_src_path or d.test_path) and not (d.valid_src_path or d.valid_path):
+        found.append("dataset=parallel takes test pairs with valid pairs of their own: add dataset."
+                     "valid_src_path/valid_tgt_path (or valid_path), or leave both to the split")
     return found
 
 

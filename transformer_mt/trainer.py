@@ -88,11 +88,11 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, t, self.device)
         self.ema = ema.build(self.model, t.ema_decay)  # then validated, saved and translated with
         subwords = subword_sampler(self.vocab, cfg.tokenizer, cfg.seed, cfg.dataset.max_len)
-        self.epochs = TrainingEpochs(self.data.train, t.batch_tokens, cfg.seed, subwords,
-                                     pad_to_multiple(t.pad_to_multiple, self.device, cfg.device.compile))
+        pad = pad_to_multiple(t.pad_to_multiple, self.device, cfg.device.compile)
+        self.epochs = TrainingEpochs(self.data.train, t.batch_tokens, cfg.seed, subwords, pad,
+                                     self.data.mixture)
         self.clock = TrainingClock(t.max_minutes, now=clock)  # before the schedule, which reads it
-        # This rank's batches per epoch: epoch 0's even when resuming, so that the schedule is the same
-        # (re-segmented epochs differ from it by a few batches at most)
+        # This rank's batches per epoch: epoch 0's even when resuming (re-segmented or re-drawn epochs differ)
         self.epoch_batches = self.epochs(0)[1].num_batches(self.world.size)
         steps_per_epoch = math.ceil(self.epoch_batches / t.accumulate)
         self.scheduler = build_scheduler(self.optimizer, t, steps_per_epoch * t.epochs, self.clock.used)

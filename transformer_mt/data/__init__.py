@@ -21,7 +21,8 @@ from transformer_mt.data.corpora import (
     read_utf8,
     utf8_lines,
 )
-from transformer_mt.data.encode import EncodedSplit, PreparedData, prepare_data
+from transformer_mt.data.encode import EncodedSplit, PreparedData
+from transformer_mt.data.mixture import prepare_data
 from transformer_mt.data.ragged import Ragged
 from transformer_mt.data.split import assign, load_split_tsv, sentence_key
 from transformer_mt.errors import DataError

@@ -49,7 +49,7 @@ def _sha256_json(value: Any) -> str:
 def cache_key(cfg: DatasetConfig, tok_cfg: TokenizerConfig, fingerprint: dict[str, Any],
               vocab: Vocabulary | None = None) -> str:
     """sha256 of what decides the cached content (not min_len/max_len: they are applied after)."""
-    fields = ("name", "src_lang", "tgt_lang", "max_pairs", "valid_size", "test_size", "split_seed")
+    fields = ("name", "src_lang", "tgt_lang", "max_pairs", "valid_size", "test_size", "split_seed", "tag")
     sampling = ("dropout", "alpha")  # how training re-segments each epoch, not what is cached
     tokenizer = ({k: v for k, v in dataclasses.asdict(tok_cfg).items() if k not in sampling} if vocab is None
                  else {"vocab_sha256": _sha256_json(vocab.to_json())})
@@ -102,18 +102,22 @@ def _plan(cfg: DatasetConfig, corpus: Corpus, held_out: dict[str, list[tuple[str
     n = len(src_keys)
     chosen = sample_indices(n, cfg.max_pairs, cfg.split_seed)
     empty = np.zeros(0, dtype=np.int64)
+    used, valid_size = len(chosen), cfg.valid_size
     if corpus.held_out:
         seen = [np.fromiter({sentence_key(p[side]) for pairs in held_out.values() for p in pairs}, np.int64)
                 for side in (0, 1)]
         clean = ~np.isin(src_keys[chosen], seen[0]) & ~np.isin(tgt_keys[chosen], seen[1])
         if not clean.all():
             log.info("left out %d training pairs that share a sentence with valid or test", (~clean).sum())
-        return Plan(n, skipped, len(chosen), chosen[clean], empty, empty,
-                    len(held_out["valid"]), len(held_out["test"]))
-    split = assign(src_keys[chosen], tgt_keys[chosen], cfg.valid_size, cfg.test_size, cfg.split_seed)
+        chosen, valid_size = chosen[clean], 0
+        if held_out["test"] or not cfg.test_size:  # its own test part, or none wanted (test_size=0)
+            return Plan(n, skipped, used, chosen, empty, empty, len(held_out["valid"]), len(held_out["test"]))
+        # a valid part but no test part: the test split is drawn from the training pairs
+    split = assign(src_keys[chosen], tgt_keys[chosen], valid_size, cfg.test_size, cfg.split_seed)
     release_freed_memory()
-    return Plan(n, skipped, len(chosen), chosen[split.orders[TRAIN]], chosen[split.orders[VALID]],
-                chosen[split.orders[TEST]], split.valid_size, split.test_size)
+    return Plan(n, skipped, used, chosen[split.orders[TRAIN]], chosen[split.orders[VALID]],
+                chosen[split.orders[TEST]], len(held_out["valid"]) if held_out else split.valid_size,
+                split.test_size)
 
 
 def _texts(corpus: Corpus, plan: Plan, limit: int,
@@ -228,7 +232,7 @@ def build(cfg: DatasetConfig, tok_cfg: TokenizerConfig, corpus: Corpus, vocab: V
     held_out = {p: list(corpus.pairs(p)) for p in ("valid", "test")} if corpus.held_out else {}
     plan = _plan(cfg, corpus, held_out)
     texts, sample = _texts(corpus, plan, tok_cfg.max_sentences, cfg.split_seed)
-    texts = held_out or texts
+    texts = {part: held_out.get(part) or texts[part] for part in ("valid", "test")}
     started = time.perf_counter()
     if vocab is None:
         vocab = train_tokenizers(tok_cfg, [p[0] for p in sample], [p[1] for p in sample])
@@ -318,10 +322,19 @@ def cached(cfg: DatasetConfig, tok_cfg: TokenizerConfig,
     return content, False, root / keys[-1]
 
 
+def training_sample(cfg: DatasetConfig, limit: int) -> tuple[list[tuple[str, str]], int]:
+    """Up to `limit` of the corpus's training pairs drawn at random, as the tokenizer's sample is, and how
+    many training pairs it has."""
+    corpus = locate(cfg)
+    given = {p: list(corpus.pairs(p)) for p in ("valid", "test")} if corpus.held_out else {}
+    plan = _plan(cfg, corpus, given)
+    return _texts(corpus, plan, limit, cfg.split_seed)[1], len(plan.train)
+
+
 def held_out_pairs(cfg: DatasetConfig, part: str) -> list[tuple[str, str]]:
     """A run's valid or test pairs, drawn again from its dataset config (as prepare_data drew them)."""
     corpus = locate(cfg)
-    if corpus.held_out:
-        return list(corpus.pairs(part))
-    plan = _plan(cfg, corpus, {})
-    return _texts(corpus, plan, 0, cfg.split_seed)[0][part]
+    given = {p: list(corpus.pairs(p)) for p in ("valid", "test")} if corpus.held_out else {}
+    if given.get(part) or (given and part == "valid"):
+        return given[part]
+    return _texts(corpus, _plan(cfg, corpus, given), 0, cfg.split_seed)[0][part]

@@ -272,7 +272,8 @@ def ensure_tatoeba(cfg: DatasetConfig) -> Path:
 @dataclass
 class Corpus:
     """The configured corpus, located: a name for logs, its local files (their sizes and times key the
-    cache), and whether it brings its own valid and test parts (then no split is made)."""
+    cache), and whether it brings its own valid part (and perhaps test part: else the test split is
+    drawn from the training pairs)."""
 
     cfg: DatasetConfig
     name: str
@@ -282,13 +283,14 @@ class Corpus:
     hf: tuple[Any, str] | None = None  # a Hugging Face dataset, loaded once, and its name
 
     def pairs(self, part: str = "train", skipped: Skipped | None = None) -> Iterator[tuple[str, str]]:
-        """(source, target) pairs of a part, cleaned, in the configured direction; pairs with an empty
-        side are passed over (counted in `skipped`)."""
+        """(source, target) pairs of a part, cleaned, in the configured direction, each source after the
+        corpus's tag (dataset.tag); pairs with an empty side are passed over (counted in `skipped`)."""
         skipped = skipped if skipped is not None else Skipped()
+        tag = f"{self.cfg.tag.strip()} " if self.cfg.tag else ""
         for s, t in self._raw(part):
             s, t = clean(s), clean(t)
             if s and t:
-                yield s, t
+                yield tag + s, t
             else:
                 skipped.count += 1
 
@@ -341,7 +343,7 @@ def locate(cfg: DatasetConfig) -> Corpus:
         files, held_out = hf_files(cfg), False
     else:
         hf = _hf_dataset(cfg)
-        held_out = any(s in hf[0] for s in _HF_SPLITS["valid"]) and "test" in hf[0]
+        held_out = any(s in hf[0] for s in _HF_SPLITS["valid"])
         local = Path(cfg.hf_path or "").expanduser()
         files = sorted(p for p in local.rglob("*") if p.is_file()) if local.is_dir() else []
         stats = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]

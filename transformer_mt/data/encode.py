@@ -1,6 +1,7 @@
-"""From text to token ids: the encoded splits, their cache, and `prepare_data`, the data side of a run.
+"""From text to token ids: the encoded splits, their cache, and `prepare_corpus`, the data side of a run
+of one corpus (`data.prepare_data` also prepares several: mixture.py).
 
-`prepare_data` locates the corpus, splits it without leaks (or takes its own valid/test parts), trains
+`prepare_corpus` locates the corpus, splits it without leaks (or takes its own valid/test parts), trains
 the tokenizer on (a bounded sample of) the training pairs unless one is given (a checkpoint being
 resumed, or the parent of a fine-tuning run), and encodes everything. The corpus is read in a few
 streaming passes and the training ids are written to flat files that later runs memory-map: memory
@@ -22,7 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,6 +34,9 @@ from transformer_mt.data.ragged import Ragged
 from transformer_mt.data.split import SPLIT_DIR
 from transformer_mt.errors import DataError
 from transformer_mt.tokenizer import Vocabulary
+
+if TYPE_CHECKING:
+    from transformer_mt.data.mixture import Mixture
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +88,7 @@ class PreparedData:
     test: EncodedSplit
     stats: dict[str, Any]
     summary: dict[str, Any]  # what the run's split/train_summary.json records
+    mixture: Mixture | None = None  # with dataset.mix: the corpora's rows of `train` (data/mixture.py)
 
     def summary_line(self) -> str:
         """One line for the log."""
@@ -94,7 +99,7 @@ class PreparedData:
                 f"{self.vocab.tgt_vocab_size}{' joint' if self.vocab.joint else ''}")
 
 
-def _apply_length_limits(cfg: DatasetConfig, train: EncodedSplit,
+def apply_length_limits(cfg: DatasetConfig, train: EncodedSplit,
                          held_out: dict[str, EncodedSplit]) -> tuple[EncodedSplit, dict[str, int]]:
     """Leave out training pairs outside min_len..max_len and cut held-out ids to max_len; the counts."""
     src, tgt = train.src_lens, train.tgt_lens
@@ -114,7 +119,13 @@ def _apply_length_limits(cfg: DatasetConfig, train: EncodedSplit,
     return train, counts
 
 
-def prepare_data(cfg: DatasetConfig, tok_cfg: TokenizerConfig, run_dir: Path | None = None,
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    """The run's split/train_summary.json: where its pairs came from and how many went where."""
+    text = json.dumps(summary, indent=2, ensure_ascii=False) + "\n"
+    (Path(run_dir) / SPLIT_DIR / "train_summary.json").write_text(text, encoding="utf-8")
+
+
+def prepare_corpus(cfg: DatasetConfig, tok_cfg: TokenizerConfig, run_dir: Path | None = None,
                  vocab: Vocabulary | None = None) -> PreparedData:
     """The corpus split, tokenized and encoded (cached), length limits applied; with run_dir, the
     split's files (split/valid.tsv, test.tsv, train_summary.json) and the tokenizer are written there.
@@ -126,15 +137,14 @@ def prepare_data(cfg: DatasetConfig, tok_cfg: TokenizerConfig, run_dir: Path | N
     cfg.check()
     content, hit, folder = cached(cfg, tok_cfg, vocab)
     held_out = {part: EncodedSplit(*content.held_out[part]) for part in ("valid", "test")}
-    train, counts = _apply_length_limits(cfg, EncodedSplit(*content.train), held_out)
+    train, counts = apply_length_limits(cfg, EncodedSplit(*content.train), held_out)
     meta, vocab = content.meta, content.vocab
     if run_dir is not None:
         split_dir = Path(run_dir) / SPLIT_DIR
         split_dir.mkdir(parents=True, exist_ok=True)
         for part in ("valid", "test"):
             shutil.copyfile(folder / f"{part}.tsv", split_dir / f"{part}.tsv")
-        text = json.dumps(meta["summary"], indent=2, ensure_ascii=False) + "\n"
-        (split_dir / "train_summary.json").write_text(text, encoding="utf-8")
+        write_summary(run_dir, meta["summary"])
         vocab.save(run_dir)
     summary = meta["summary"]
     stats = {

@@ -2,7 +2,8 @@
 
 Without subword regularisation that is the same split every epoch, shuffled anew; with it
 (`tokenizer.dropout`, `tokenizer.alpha`) the pairs are first segmented anew for the epoch
-(segmentation.py), and the batches follow their new lengths.
+(segmentation.py), and the batches follow their new lengths. With several corpora (`dataset.mix`), the
+epoch holds the rows their weights draw for it (mixture.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 
 from transformer_mt.data.batching import Batch, TokenBatchSampler
 from transformer_mt.data.encode import EncodedSplit
+from transformer_mt.data.mixture import Mixture
 from transformer_mt.data.segmentation import SubwordSampler
 
 log = logging.getLogger(__name__)
@@ -22,15 +24,22 @@ class TrainingEpochs:
     validation or a resume asks for them again."""
 
     def __init__(self, train: EncodedSplit, batch_tokens: int, seed: int,
-                 subwords: SubwordSampler | None = None, pad_to_multiple: int = 1) -> None:
+                 subwords: SubwordSampler | None = None, pad_to_multiple: int = 1,
+                 mixture: Mixture | None = None) -> None:
         self.train, self.batch_tokens, self.seed, self.subwords = train, batch_tokens, seed, subwords
         self.pad_to_multiple = pad_to_multiple  # batch lengths and row counts (batching.py)
+        self.mixture = mixture
+        self._varies = subwords is not None or (mixture is not None and mixture.varies)
         self._latest: tuple[int, EncodedSplit, TokenBatchSampler] | None = None
 
     def __call__(self, epoch: int) -> tuple[EncodedSplit, TokenBatchSampler]:
         """(pairs, sampler) of `epoch`: the sampler's batches(epoch, ...) index the pairs."""
-        if self._latest is None or (self.subwords is not None and self._latest[0] != epoch):
+        if self._latest is None or (self._varies and self._latest[0] != epoch):
             split = self.train if self.subwords is None else self._resegment(epoch)
+            if self.mixture is not None:
+                rows = self.mixture.rows(epoch)
+                split = split.subset(rows)
+                log.info("epoch %d: %d training pairs: %s", epoch + 1, len(rows), self.mixture.describe(rows))
             sampler = TokenBatchSampler(split.lengths(), self.batch_tokens, seed=self.seed,
                                         pad_to_multiple=self.pad_to_multiple)
             log.info("epoch %d: %d batches in %d shapes, %.1f%% of their positions padding", epoch + 1,

@@ -30,6 +30,21 @@ class Ragged:
         """Sequences laid end to end: sequence i is flat[offsets[i]:offsets[i + 1]]."""
         return cls(flat, offsets[:-1], offsets[1:])
 
+    @classmethod
+    def concat(cls, parts: Sequence[Ragged]) -> Ragged:
+        """The sequences of all parts in order, their ids copied into one new flat array."""
+        flats, offsets, total = [], [np.zeros(1, np.int64)], 0
+        for part in parts:
+            lengths = part.lengths
+            ends = np.cumsum(lengths)
+            size = int(ends[-1]) if len(ends) else 0
+            # the new array's id j of a row lies at starts[row] + (j - where the row begins in it)
+            gather = np.repeat(part.starts.astype(np.int64) - (ends - lengths), lengths) + np.arange(size)
+            flats.append(np.asarray(part.flat[gather], dtype=np.int32))
+            offsets.append(total + ends)
+            total += size
+        return cls.from_offsets(np.concatenate(flats or [np.zeros(0, np.int32)]), np.concatenate(offsets))
+
     def __len__(self) -> int:
         return len(self.starts)
 
