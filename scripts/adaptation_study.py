@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 
 import transformer_mt as tmt
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-sentences", type=int, default=None, help="evaluate on the first N only")
     parser.add_argument("--out", type=Path, required=True)
     args, extra = parser.parse_known_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s")  # the runs' logs
     extra = [a for a in extra if a != "--"]
     args.out = args.out.resolve()
     for letter, overrides in plans(args).items():

@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
 
 import transformer_mt as tmt
 from transformer_mt.config import DatasetConfig
-from transformer_mt.data import assign, load_pairs, sentence_key
+from transformer_mt.data import load_pairs, sentence_key
 from transformer_mt.data.cache import sample_indices
+from transformer_mt.data.split import group_roots
 from transformer_mt.tables import markdown_table
 
 TAG = "<bt>"
@@ -39,25 +41,31 @@ def write_tsv(path: Path, pairs: list[tuple[str, str]]) -> Path:
 
 
 def split_corpus(corpus: Path, src: str, tgt: str, max_pairs: int | None, out: Path, seed: int) -> dict:
-    """The parallel half, the monolingual half's targets and the held-out pairs, as files under out."""
+    """The parallel half, the monolingual half's targets and the held-out pairs, as files under out; pairs
+    that share a sentence (a group) stay on one side."""
     sources, targets = load_pairs(DatasetConfig(path=str(corpus), url=None, src_lang=src, tgt_lang=tgt))
     if max_pairs is not None:
         keep = sample_indices(len(sources), max_pairs, seed).tolist()
         sources, targets = [sources[i] for i in keep], [targets[i] for i in keep]
     keys = [np.array([sentence_key(s) for s in side], dtype=np.int64) for side in (sources, targets)]
-    held_out = min(HELD_OUT, len(sources) // 10)
-    parts = assign(keys[0], keys[1], (len(sources) - held_out) // 2, held_out, seed)  # valid: the mono half
-    pairs = [[(sources[i], targets[i]) for i in parts.orders[p]] for p in range(3)]
-    parallel, mono, test = pairs  # TRAIN, VALID, TEST
+    _, group, sizes = np.unique(group_roots(*keys), return_inverse=True, return_counts=True)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(sizes))  # the groups in a random order: the first ones are held out
+    held = np.zeros(len(sizes), dtype=bool)
+    held[order[np.cumsum(sizes[order]) - sizes[order] < min(HELD_OUT, len(sources) // 10)]] = True
+    mono = rng.random(len(sizes)) < 0.5
+    part = np.where(held[group], 2, np.where(mono[group], 1, 0))  # 0: parallel, 1: monolingual, 2: held out
+    parallel, monolingual, test = ([(sources[i], targets[i]) for i in np.flatnonzero(part == p)]
+                                   for p in range(3))
     files = {"parallel": write_tsv(out / "parallel.tsv", parallel),
              "valid": write_tsv(out / "valid.tsv", test[: len(test) // 2]),
              "test": write_tsv(out / "test.tsv", test[len(test) // 2:]),
              "mono": out / "mono.txt"}
-    files["mono"].write_text("".join(f"{t}\n" for _, t in mono), encoding="utf-8")
+    files["mono"].write_text("".join(f"{t}\n" for _, t in monolingual), encoding="utf-8")
     for name in ("parallel", "valid", "test"):  # the reverse direction's files
         rows = [line.split("\t") for line in files[name].read_text(encoding="utf-8").splitlines()]
         files[f"{name}_reverse"] = write_tsv(out / f"{name}.reverse.tsv", [(t, s) for s, t in rows])
-    counts = {"parallel": len(parallel), "monolingual": len(mono), "valid": len(test) // 2,
+    counts = {"parallel": len(parallel), "monolingual": len(monolingual), "valid": len(test) // 2,
               "test": len(test) - len(test) // 2}
     (out / "split.json").write_text(json.dumps(counts, indent=2), encoding="utf-8")
     return files
@@ -105,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--out", type=Path, required=True)
     args, extra = parser.parse_known_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s")  # the runs' logs
     extra = [a for a in extra if a != "--"]
     args.out.mkdir(parents=True, exist_ok=True)
     files = split_corpus(args.corpus, args.src, args.tgt, args.max_pairs, args.out, args.seed)

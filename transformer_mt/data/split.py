@@ -41,7 +41,7 @@ class Assignment:
     test_size: int
 
 
-def _roots(src_keys: np.ndarray, tgt_keys: np.ndarray) -> np.ndarray:
+def group_roots(src_keys: np.ndarray, tgt_keys: np.ndarray) -> np.ndarray:
     """For each pair, the first pair of its group: pairs linked by an equal source or target key."""
     n = len(src_keys)
     index = index_type(n)
@@ -100,7 +100,7 @@ def assign(src_keys: np.ndarray, tgt_keys: np.ndarray, valid_size: int, test_siz
                           f"{test_size} leave nothing to train on; lower them or use more data")
     if valid_size + test_size >= n:
         raise too_small
-    roots = _roots(np.asarray(src_keys), np.asarray(tgt_keys))
+    roots = group_roots(np.asarray(src_keys), np.asarray(tgt_keys))
     release_freed_memory()  # the union-find's Python ints and sort buffers
     # groups numbered by their first pair (a root is its group's smallest index): np.unique's inverse,
     # without its sort and int64 temporaries
