@@ -51,10 +51,7 @@ from training_speed import (  # beside this script
     fastest,
     host_reads,
     random_batch_padding,
-    real_batches,
-    time_training,
     train_loop,
-    training_flops,
 )
 
 import transformer_mt as tmt
@@ -64,6 +61,7 @@ from transformer_mt.data import Batch, PreparedData, prepare_data
 from transformer_mt.model.reference import TorchReference
 from transformer_mt.runtime import pad_to_multiple, precision
 from transformer_mt.tables import markdown_table
+from transformer_mt.throughput import real_batches, time_training, training_flops
 from transformer_mt.tokenizer import PAD_ID
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from transformer_mt.runtime import cpu_flags, cpu_native_bf16
+from transformer_mt.throughput import synchronize
 
 # The CPU features that decide our speed: vector width, bf16 and int8 arithmetic.
 FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
@@ -78,12 +79,6 @@ def load_warning(seconds: float = 2.0) -> str | None:
         return None
     busy = (busy1 - busy0) / max(1, total1 - total0)
     return f"the CPU is {busy:.0%} busy with other processes" if busy > 0.1 else None
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work, so that the clock reads what it cost (a no-op on the CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def matmul_peak_gflops(device: torch.device, dtype: torch.dtype, n: int, repeats: int = 5) -> float:
