@@ -18,6 +18,10 @@ from transformer_mt.checkpoint import TRAINED, CheckpointError, load_checkpoint,
 FAULT_RUN = {"training.save_every_steps": 1, "training.log_every": 1, "dataset.max_pairs": 400,
              "training.valid_max_sentences": 10, "training.batch_tokens": 768}
 REGULARISED = {"training.ema_decay": 0.9, "tokenizer.dropout": 0.1}
+# training.plan=auto with the run's length fixed by training.epochs (the budget is far away), so that the
+# plan does not depend on the probe's timing; the killed run reuses its saved plan when resumed.
+PLANNED = {"training.plan": "auto", "training.max_minutes": 600}
+VARIANTS = {"plain": {}, "regularised": REGULARISED, "planned": PLANNED}
 
 
 def _start(args: list[str], log_file: Path) -> subprocess.Popen:
@@ -59,16 +63,26 @@ def regularised_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> P
     return run_dir
 
 
-@pytest.mark.parametrize(("kill_after_step", "regularised"), [(3, False), (14, False), (14, True)])
+@pytest.fixture(scope="module")
+def planned_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
+    """The same run planned (training.plan=auto): the plan's learning rate, warm-up, schedule, averaging."""
+    run_dir = tmp_path_factory.mktemp("faults") / "planned"
+    tmt.train(tiny_overrides(corpus, run_dir, **FAULT_RUN, **PLANNED))
+    return run_dir
+
+
+@pytest.mark.parametrize(("kill_after_step", "variant"),
+                         [(3, "plain"), (14, "plain"), (14, "regularised"), (14, "planned")])
 def test_kill_9_then_resume_is_bit_exact(request: pytest.FixtureRequest, corpus: Path, tmp_path: Path,
-                                         kill_after_step: int, regularised: bool,
+                                         kill_after_step: int, variant: str,
                                          caplog: pytest.LogCaptureFixture) -> None:
-    reference_run = request.getfixturevalue("regularised_run" if regularised else "reference_run")
+    reference_run = request.getfixturevalue("reference_run" if variant == "plain" else f"{variant}_run")
+    regularised = variant == "regularised"
     steps_per_epoch = load_checkpoint(reference_run / "epoch_001.pt")["step"]
     assert kill_after_step < 2 * steps_per_epoch
     run_dir = tmp_path / "killed"
     log_file = tmp_path / "first.log"
-    extra = {**FAULT_RUN, **(REGULARISED if regularised else {})}
+    extra = {**FAULT_RUN, **VARIANTS[variant]}
     proc = _start(["train", *tiny_overrides(corpus, run_dir, **extra)], log_file)
     _wait_for(log_file, f"step {kill_after_step})", proc)
     proc.send_signal(signal.SIGKILL)
@@ -79,6 +93,10 @@ def test_kill_9_then_resume_is_bit_exact(request: pytest.FixtureRequest, corpus:
     with caplog.at_level("INFO"):
         tmt.train([f"resume={run_dir}"])  # in this process: the same computation, bit for bit
     assert f"step {killed_at}, lr" in caplog.text  # continued where it was
+    if variant == "planned":
+        assert "the run's plan, as it was made" in caplog.text
+        assert load_checkpoint(run_dir / "epoch_002.pt")["plan"]["values"] == \
+            load_checkpoint(reference_run / "epoch_002.pt")["plan"]["values"]
     expected, got = load_checkpoint(reference_run / "epoch_002.pt"), load_checkpoint(run_dir / "epoch_002.pt")
     weights = ["model", TRAINED] if regularised else ["model"]  # the average, and the trained weights
     assert all(key in expected for key in weights)

@@ -39,6 +39,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "device.amp": ("auto", "off", "bf16", "fp16"),
     "training.scheduler": ("noam", "linear", "cosine", "constant"),
     "training.best_metric": ("bleu", "chrf", "loss", "cer", "wer"),
+    "training.plan": ("off", "auto"),
     "split": ("test", "valid"),
     "engine": ("pytorch", "ctranslate2"),
     "input_format": ("text", "tsv"),
@@ -222,9 +223,12 @@ def _device_relations(d: DeviceConfig) -> list[str]:
 
 
 def _training_relations(t: TrainingConfig) -> list[str]:
-    return out_of_range("training.average_last", t.average_last, 0 <= t.average_last <= t.keep_last,
-                        f"between 0 and training.keep_last ({t.keep_last}), since only kept "
-                        "checkpoints average")
+    return (out_of_range("training.average_last", t.average_last, 0 <= t.average_last <= t.keep_last,
+                         f"between 0 and training.keep_last ({t.keep_last}), since only kept "
+                         "checkpoints average")
+            + out_of_range("training.max_minutes", t.max_minutes,
+                           t.plan != "auto" or t.max_minutes is not None,
+                           "a number of minutes with training.plan=auto, which plans that budget"))
 
 
 def n_best_in_beam(n_best: int, beam_size: int, prefix: str = "decoding.") -> list[str]:

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from transformer_mt import checkpoint as ckpt
-from transformer_mt import distributed, ema, finetune, loss
+from transformer_mt import distributed, ema, finetune, loss, plan
 from transformer_mt.config import TrainConfig
 from transformer_mt.data import Batch
 from transformer_mt.data.epochs import TrainingEpochs
@@ -84,6 +84,8 @@ class Trainer:
         vocab = Vocabulary.from_json((state or parent)["tokenizer"]) if state or parent else None
         self.data = distributed.prepare_data(cfg.dataset, cfg.tokenizer, run_dir, vocab, self.world)
         self.vocab = self.data.vocab
+        cfg, self.plan = plan.settle(cfg, state, self.data, self.device, overrides, self.world)  # plan=auto
+        self.cfg, t = cfg, cfg.training
         self.model = ckpt.build_model(cfg.model, self.vocab).to(self.device)
         self.optimizer = build_optimizer(self.model, t, self.device)
         self.ema = ema.build(self.model, t.ema_decay)  # then validated, saved and translated with
@@ -91,16 +93,15 @@ class Trainer:
         pad = pad_to_multiple(t.pad_to_multiple, self.device, cfg.device.compile)
         self.epochs = TrainingEpochs(self.data.train, t.batch_tokens, cfg.seed, subwords, pad,
                                      self.data.mixture)
-        self.clock = TrainingClock(t.max_minutes, now=clock)  # before the schedule, which reads it
+        self.clock = TrainingClock(t.max_minutes, plan.seconds(self.plan), clock)  # before the schedule
         # This rank's batches per epoch: epoch 0's even when resuming (re-segmented or re-drawn epochs differ)
         self.epoch_batches = self.epochs(0)[1].num_batches(self.world.size)
-        steps_per_epoch = math.ceil(self.epoch_batches / t.accumulate)
-        self.scheduler = build_scheduler(self.optimizer, t, steps_per_epoch * t.epochs, self.clock.used)
+        steps = math.ceil(self.epoch_batches / t.accumulate) * t.epochs
+        self.scheduler = build_scheduler(self.optimizer, t, steps, plan.decay_clock(self.plan, self.clock))
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == torch.float16)
 
-        self.epoch = 0  # the epoch in progress (0-based)
-        self.batch_in_epoch = 0  # micro-batches of it already done
-        self.step = 0  # optimizer steps
+        # The epoch in progress (0-based), its micro-batches already done, and the optimizer steps
+        self.epoch = self.batch_in_epoch = self.step = 0
         self.best: dict[str, Any] = {"metric": t.best_metric, "value": None, "epoch": None}
         self.bad_epochs = 0  # validations without improvement (patience)
         self.tally = StepTally(self.device)
@@ -240,9 +241,9 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             raise TrainingError(
                 f"out of memory on a batch of {batch.src.numel() + batch.tgt_in.numel()} padded tokens "
-                f"({tuple(batch.src.shape)} source, {tuple(batch.tgt_in.shape)} target); lower "
-                f"training.batch_tokens={self.cfg.training.batch_tokens} (use training.accumulate to keep "
-                "the effective batch) and resume=... from the last checkpoint") from ex
+                f"({tuple(batch.src.shape)} source, {tuple(batch.tgt_in.shape)} target); lower training."
+                f"batch_tokens={self.cfg.training.batch_tokens} (training.accumulate keeps the effective "
+                "batch) and resume=... from the last checkpoint") from ex
 
     def optimizer_step(self) -> None:
         """Clip, step, schedule; ranks first agree on the clock and on an interrupt. A non-finite loss or
@@ -317,9 +318,8 @@ class Trainer:
         if not improves(self.cfg.training.best_metric, value, self.best["value"]):
             self.bad_epochs += 1
             return False
-        self.best = {"metric": self.best["metric"], "value": value, "epoch": self.epoch + 1,
-                     "step": self.step}
-        self.bad_epochs = 0
+        self.best, self.bad_epochs = {"metric": self.best["metric"], "value": value, "epoch": self.epoch + 1,
+                                      "step": self.step}, 0
         return True
 
     def _average_last(self, k: int) -> None:
@@ -362,7 +362,7 @@ class Trainer:
             "step": self.step, "best": self.best, "bad_epochs": self.bad_epochs,
             "train_seconds": self.clock.seconds, "world_size": self.world.size, "rng": rng_state(),
             "validated": self.validated_at_step,  # this position's validation is done (or still due)
-            "parent": self.parent,  # a fine-tuning run's parent checkpoint (None: trained from scratch)
+            "parent": self.parent, "plan": plan.record(self.plan),  # (init=, training.plan=auto; or None)
         }
         name = {"epoch": f"epoch_{self.epoch:03d}.pt", "step": f"step_{self.step:07d}.pt"}.get(tag)
         path = ckpt.keep_checkpoint(state, self.run_dir, name, self.cfg.training.keep_last, improved)
@@ -394,7 +394,7 @@ class Trainer:
             "best_value": self._best_value(), "best_epoch": self.best["epoch"], "epochs": self.epoch,
             "steps": self.step, "world_size": self.world.size, "train_seconds": self.clock.seconds,
             "amp": str(self.precision), "src_lang": self.cfg.dataset.src_lang,
-            "tgt_lang": self.cfg.dataset.tgt_lang, "parent": self.parent,
+            "tgt_lang": self.cfg.dataset.tgt_lang, "parent": self.parent, "plan": plan.record(self.plan),
             "wall_seconds": time.perf_counter() - self.started,
             "tgt_tokens_per_s": tokens / seconds if seconds > 0 else math.nan,
         }, hparams(self.cfg, self.overrides, self.world.size), self.step)

@@ -1,0 +1,156 @@
+"""training.plan=auto: the rules, what counts as the user's choice, the probe's limits, and a planned run
+(its table, result.json, checkpoints, a resume that reuses the plan, the errors)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+import transformer_mt as tmt
+from tests.conftest import tiny_overrides
+from transformer_mt import plan as planning
+from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.composition import compose
+from transformer_mt.config import ConfigError, ModelConfig
+from transformer_mt.errors import TrainingError
+from transformer_mt.plan import rules
+from transformer_mt.plan.probe import Probe
+
+PLANNED = {"training.plan": "auto", "training.max_minutes": 600}
+
+
+# -- the rules ---------------------------------------------------------------------------------------
+def test_the_batch_is_the_smallest_within_ten_percent_of_the_fastest() -> None:
+    assert rules.batch_tokens({512: 1000.0, 1024: 1050.0}) == 512  # a CPU: as fast at any size
+    assert rules.batch_tokens({512: 1000.0, 1024: 1900.0, 2048: 3500.0, 4096: 3700.0}) == 2048  # a GPU
+
+
+def test_dropout_grows_with_the_passes_over_the_data() -> None:
+    assert [rules.dropout(e) for e in (0.5, 1.5, 3.9, 4, 7.9, 8, 16, 100)] == [0, 0, 0, .1, .1, .2, .3, .3]
+
+
+def test_warm_up_is_a_tenth_of_the_run_within_bounds() -> None:
+    assert rules.warmup_steps(5500) == 600 and rules.warmup_steps(27000) == 2700
+    assert rules.warmup_steps(1000) == 300 and rules.warmup_steps(10**6) == 4000
+    assert rules.warmup_steps(400) == 200 and rules.warmup_steps(40) == 20  # never above half the run
+
+
+def test_validation_fits_its_share_of_the_budget() -> None:
+    assert rules.validations(2400, 2.0) == rules.MOST_VALIDATIONS
+    assert rules.validations(600, 6.0) == 5 and rules.validations(60, 100.0) == 1
+    assert rules.valid_every_steps(27000, 20, 3500) == 1400
+    assert rules.valid_every_steps(2000, 4, 400) == 0  # an epoch is shorter: its end validates
+    assert rules.valid_sentences(2000, 2, 2400, 1.0, 0.01) == 1000
+    assert rules.valid_sentences(500, 2, 2400, 1.0, 0.01) == 500
+    assert rules.valid_sentences(2000, 500, 600, 0.02, 0.01) == 100  # hundreds of epochs: the fewest
+
+
+def test_the_model_grows_when_the_budget_trains_it_on_enough_tokens() -> None:
+    params = {"small": 7_600_000, "base": 60_000_000}
+    assert rules.model_size({"small": 10e6, "base": 2e6}, params) == "small"
+    assert rules.model_size({"small": 900e6, "base": 100e6}, params) == "base"
+    assert rules.model_size({"small": 1e6, "base": 1e5}, params) == "small"  # never below small
+
+
+def test_lr_and_ema() -> None:
+    assert rules.peak_lr(256) == 2e-3 and rules.peak_lr(512) == pytest.approx(1.41e-3, abs=1e-6)
+    assert rules.ema_decay(1999) == 0 and rules.ema_decay(2000) == 0.999
+
+
+# -- whose choice ----------------------------------------------------------------------------------
+def test_keys_set_in_an_experiment_or_on_the_command_line_are_yours() -> None:
+    overrides = ["experiment=tatoeba_cpu", "training.plan=auto", "training.ema_decay=0"]
+    yours = planning.chosen_by_you(compose("train", overrides), overrides)
+    assert {"training.batch_tokens", "training.lr", "training.warmup_steps", "model.dropout",
+            "training.ema_decay", "model.norm_first"} <= yours
+    assert not set(planning.SHAPE) & yours  # the recipe leaves the model's size open
+    bare = planning.chosen_by_you(compose("train", ["training.plan=auto", "training.max_minutes=5"]), [])
+    assert bare == set()
+    group = ["model=small", "training.max_minutes=5"]
+    assert set(planning.SHAPE) <= planning.chosen_by_you(compose("train", group), group)
+
+
+def test_model_presets_are_read_from_their_files() -> None:
+    base = planning.shape("base", ModelConfig(dropout=0.3))
+    assert (base.d_model, base.n_heads, base.d_ff, base.encoder_layers) == (512, 8, 2048, 6)
+    assert base.dropout == 0.3  # the rest stays
+
+
+# -- the probe -------------------------------------------------------------------------------------
+class _Speeds(Probe):
+    """A probe whose speeds are given (tokens/s per batch size), counting what it measures."""
+
+    def __init__(self, speeds: dict[int, float], deadline: float = float("inf")) -> None:
+        super().__init__(data=None, device=torch.device("cpu"), amp=None, decode_amp=None, seed=1,  # type: ignore[arg-type]
+                         deadline=deadline)
+        self.speeds, self.measured = speeds, []
+
+    def tokens_per_s(self, model_cfg: ModelConfig, batch_tokens: int) -> float:
+        self.measured.append(batch_tokens)
+        if self.speeds[batch_tokens] < 0:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return self.speeds[batch_tokens]
+
+
+def test_the_probe_doubles_the_batch_while_it_gains_and_stops_at_its_deadline() -> None:
+    cpu = _Speeds({512: 1000, 1024: 1040, 2048: 1050})
+    assert cpu.batch_speeds(ModelConfig()) == {512: 1000, 1024: 1040} and cpu.measured == [512, 1024]
+    gpu = _Speeds({512: 1e4, 1024: 2e4, 2048: 4e4, 4096: -1})  # the fourth does not fit
+    assert gpu.batch_speeds(ModelConfig()) == {512: 1e4, 1024: 2e4, 2048: 4e4}
+    late = _Speeds({512: 1e4, 1024: 2e4}, deadline=0.0)  # the deadline has passed: one size only
+    assert late.batch_speeds(ModelConfig()) == {512: 1e4}
+    with pytest.raises(TrainingError, match="does not fit on cpu .*choose a smaller model"):
+        _Speeds({512: -1}).batch_speeds(ModelConfig())
+
+
+# -- a planned run ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def planned_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
+    """The tiny run, planned: its model and batch are chosen (debug=tiny), the rest is the plan's."""
+    run_dir = tmp_path_factory.mktemp("plan") / "run"
+    tmt.train(tiny_overrides(corpus, run_dir, **PLANNED))
+    return run_dir
+
+
+def test_a_planned_run_records_its_plan(planned_run: Path) -> None:
+    result = json.loads((planned_run / "result.json").read_text())
+    plan = planning.Plan.from_dict(result["plan"])
+    assert plan.sources["training.batch_tokens"] == plan.sources["model.d_model"] == "you"
+    assert plan.sources["training.lr"] == plan.sources["model.dropout"] == "plan"
+    assert plan.sources["training.warmup_steps"] == "you"  # debug=tiny sets it: a config file wins too
+    assert plan.values["training.epochs"] == 2  # yours: the run's length
+    assert plan.values["training.lr"] == rules.peak_lr(64) and plan.values["training.scheduler"] == "linear"
+    steps_per_epoch = plan.measured["steps_per_epoch"]
+    assert plan.measured["updates"] == 2 * steps_per_epoch and result["steps"] == 2 * steps_per_epoch
+    saved = load_checkpoint(planned_run / "latest.pt")
+    assert saved["plan"] == result["plan"]
+    assert saved["config"]["training"]["lr"] == plan.values["training.lr"]  # the run trained with it
+    assert "| training.lr |" in plan.table() and "target tokens/s" in plan.table()
+
+
+def test_a_resumed_run_reuses_its_plan(planned_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       caplog: pytest.LogCaptureFixture) -> None:
+    import shutil
+
+    run_dir = Path(shutil.copytree(planned_run, tmp_path / "run"))
+    monkeypatch.setattr(planning, "make", lambda *a, **k: pytest.fail("a resumed run planned again"))
+    with caplog.at_level(logging.INFO):
+        tmt.train([f"resume={run_dir}", "training.epochs=3"])
+    assert "the run's plan, as it was made" in caplog.text
+    saved = load_checkpoint(planned_run / "latest.pt")["plan"]
+    assert load_checkpoint(run_dir / "latest.pt")["plan"] == saved
+
+
+def test_a_plan_needs_a_budget(corpus: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="training.max_minutes=None .* with training.plan=auto"):
+        compose("train", tiny_overrides(corpus, tmp_path / "run", **{"training.plan": "auto"}))
+
+
+def test_a_budget_too_short_for_one_validation_is_refused(corpus: Path, tmp_path: Path) -> None:
+    overrides = tiny_overrides(corpus, tmp_path / "run", **{**PLANNED, "training.max_minutes": 0.0005})
+    with pytest.raises(TrainingError, match=r"=0.0005 is too short: .* set at least training.max_minutes=1$"):
+        tmt.train(overrides)

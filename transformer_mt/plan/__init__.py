@@ -1,0 +1,269 @@
+"""`training.plan=auto`: a run that plans itself from its budget, this machine and its corpus.
+
+After the data are prepared, a probe (probe.py) measures what this machine trains per second, in this
+precision, on the run's own batches, and what one validation costs. The rules (rules.py) turn that and
+`training.max_minutes` into the settings the user left open: batch size, model size, learning rate and
+warm-up, dropout, validation interval and sample, EMA, averaging. A key set on the command line or in
+a config file (an experiment, `model=...`) keeps its value. The plan is logged as a table, saved in
+every checkpoint and in result.json, and a resumed run reuses it instead of probing again.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from transformer_mt import distributed
+from transformer_mt.config import CONFIG_DIR, ModelConfig, TrainConfig
+from transformer_mt.data import PreparedData, TokenBatchSampler
+from transformer_mt.errors import TrainingError
+from transformer_mt.plan import rules
+from transformer_mt.plan.probe import Probe
+from transformer_mt.runtime import TrainingClock, precision
+from transformer_mt.tables import markdown_table
+from transformer_mt.throughput import forward_flops
+from transformer_mt.typed import to_dataclass
+
+log = logging.getLogger(__name__)
+SHAPE = ("model.d_model", "model.n_heads", "model.d_ff", "model.encoder_layers", "model.decoder_layers")
+PLANNED = (*SHAPE, "training.batch_tokens", "training.epochs", "training.lr", "training.scheduler",
+           "training.warmup_steps", "model.norm_first", "model.dropout", "training.valid_max_sentences",
+           "training.valid_every_steps", "training.ema_decay", "training.average_last")
+PROBE_SHARE = 0.02  # of the budget: what the probe may take
+UNTIL_THE_BUDGET = 1000  # training.epochs when the budget ends the run
+
+
+@dataclass
+class Plan:
+    """Every planned key's value, where it came from ("you" or "plan") and why; what was measured."""
+
+    values: dict[str, Any]
+    sources: dict[str, str] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
+    measured: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def seconds(self) -> float:
+        """What planning took."""
+        return float(self.measured.get("probe_seconds", 0.0))
+
+    def apply(self, cfg: TrainConfig, yours: set[str]) -> TrainConfig:
+        """A copy of cfg with the plan's values, except for the keys in `yours` (what the user chose, also
+        on the command line of a resumed run)."""
+        cfg = copy.deepcopy(cfg)
+        for key, value in self.values.items():
+            if self.sources[key] == "plan" and key not in yours:
+                section, name = key.split(".")
+                setattr(getattr(cfg, section), name, value)
+        return cfg
+
+    def table(self) -> str:
+        """The log's table: each key, its value, from whom and why; then the measurements."""
+        rows = [[key, _shown(self.values[key]), self.sources[key], self.reasons.get(key, "")]
+                for key in self.values]
+        m = self.measured
+        return (markdown_table(["key", "value", "from", "why"], rows, align="llll") +
+                f"\nmeasured in {m['probe_seconds']:.1f}s: {m['tokens_per_s']:.0f} target tokens/s at "
+                f"{m['batch_speeds']} (batch: tokens/s); expected {m['updates']:.0f} updates, "
+                f"{m['epochs']:.2f} epochs of {m['steps_per_epoch']} updates; one validation "
+                f"{m['validation_seconds']:.1f}s")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types, for checkpoints and result.json."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
+        return cls(**d)
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def chosen_by_you(cfg: TrainConfig, overrides: Sequence[str]) -> set[str]:
+    """The planned keys the user chose: named in an override, or different from the schema's default
+    (an experiment or `model=...` file set them); a model group or `init=` chooses the whole shape."""
+    named = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
+    default = TrainConfig()
+    yours = {key for key in PLANNED if key in named or _get(cfg, key) != _get(default, key)}
+    if "model" in named or cfg.init or yours & set(SHAPE):
+        yours |= set(SHAPE)
+    return yours
+
+
+def _get(cfg: TrainConfig, key: str) -> Any:
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def shape(size: str, base: ModelConfig) -> ModelConfig:
+    """`base` with the d_model, heads, FFN and layers of configs/model/<size>.yaml."""
+    preset = to_dataclass(OmegaConf.load(CONFIG_DIR / "model" / f"{size}.yaml"), ModelConfig)
+    return dataclasses.replace(base, **{k.split(".")[1]: _get_model(preset, k) for k in SHAPE})
+
+
+def _get_model(model: ModelConfig, key: str) -> Any:
+    return getattr(model, key.split(".")[1])
+
+
+def parameters(model: ModelConfig, data: PreparedData) -> int:
+    """The model's parameter count (built on the meta device: no memory, no time)."""
+    from transformer_mt.checkpoint import build_model
+
+    with torch.device("meta"):
+        return build_model(model, data.vocab).num_parameters()
+
+
+def seconds(plan: Plan | None) -> float:
+    """What planning took (0 without a plan): the training budget counts it."""
+    return plan.seconds if plan else 0.0
+
+
+def record(plan: Plan | None) -> dict[str, Any] | None:
+    """The plan as checkpoints and result.json keep it (None without one)."""
+    return plan.to_dict() if plan else None
+
+
+def decay_clock(plan: Plan | None, clock: TrainingClock) -> Callable[[], float]:
+    """What the learning-rate decay follows besides the step count: the budget's clock, unless
+    the plan expects the user's training.epochs to end the run first; then the steps alone, so that the
+    run does not depend on its timing (and a resumed run stays bit-exact)."""
+    return (lambda: 0.0) if plan and plan.measured.get("ends_by") == "epochs" else clock.used
+
+
+def settle(cfg: TrainConfig, state: dict[str, Any] | None, data: PreparedData, device: torch.device,
+           overrides: Sequence[str], world: distributed.World) -> tuple[TrainConfig, Plan | None]:
+    """The run's config with its plan applied, and the plan: the resumed run's own, else a new one (made
+    on the first rank, the same on all), None without `training.plan=auto`."""
+    saved = (state or {}).get("plan")
+    if saved:
+        plan = Plan.from_dict(saved)
+        log.info("the run's plan, as it was made:\n%s", plan.table())
+    elif cfg.training.plan == "auto":
+        amp, decode_amp = (precision(cfg.device, device, training=t).dtype for t in (True, False))
+        plan = make(cfg, data, device, amp, decode_amp, overrides, world.size) if world.is_main else None
+        plan = distributed.from_main(plan, world)
+        log.info("plan for %g minutes on this machine (training.plan=auto):\n%s", cfg.training.max_minutes,
+                 plan.table())
+    else:
+        return cfg, None
+    return plan.apply(cfg, chosen_by_you(cfg, overrides)), plan
+
+
+class _Planner:
+    """Fills a Plan key by key: the user's value where they chose one, else the rule's."""
+
+    def __init__(self, cfg: TrainConfig, yours: set[str]) -> None:
+        self.cfg, self.yours, self.plan = cfg, yours, Plan({})
+
+    def pick(self, key: str, value: Any, why: str) -> Any:
+        """The key's value in the plan: yours, or `value` (the plan's, for the reason `why`)."""
+        mine = key in self.yours
+        self.plan.values[key] = _get(self.cfg, key) if mine else value
+        self.plan.sources[key], self.plan.reasons[key] = ("you", "") if mine else ("plan", why)
+        return self.plan.values[key]
+
+    def batch(self, probe: Probe, model: ModelConfig) -> tuple[int, dict[int, float]]:
+        """The batch size, and the tokens/s measured for it (and for the others tried)."""
+        b = self.cfg.training.batch_tokens
+        speeds = {b: probe.tokens_per_s(model, b)} if "training.batch_tokens" in self.yours \
+            else probe.batch_speeds(model)
+        return self.pick("training.batch_tokens", rules.batch_tokens(speeds),
+                         "the smallest batch within 10% of the fastest tokens/s"), speeds
+
+    def shape(self, probe: Probe, data: PreparedData, budget_s: float
+              ) -> tuple[ModelConfig, int, dict[int, float]]:
+        """The model's shape (unless chosen), its batch size and measured tokens/s."""
+        if SHAPE[0] in self.yours:
+            model, size = self.cfg.model, ""
+            batch, speeds = self.batch(probe, model)
+        else:
+            model = shape(rules.SIZES[0], self.cfg.model)
+            batch, speeds = self.batch(probe, model)
+            size = _model_size(self.cfg, data, model, speeds[batch], batch, budget_s)
+            if size != rules.SIZES[0]:
+                model = shape(size, self.cfg.model)
+                batch, speeds = self.batch(probe, model)
+        for key in SHAPE:
+            self.pick(key, _get_model(model, key), f"{size}: the largest shape the budget trains on one "
+                                                   "target token per parameter or more")
+        return model, batch, speeds
+
+
+def make(cfg: TrainConfig, data: PreparedData, device: torch.device, amp: torch.dtype | None,
+         decode_amp: torch.dtype | None, overrides: Sequence[str], world_size: int = 1) -> Plan:
+    """Probe, then plan every key of PLANNED the user left open (see rules.py for each rule)."""
+    started = time.perf_counter()
+    t, budget_s = cfg.training, cfg.training.max_minutes * 60
+    planner = _Planner(cfg, chosen_by_you(cfg, overrides))
+    pick = planner.pick
+    probe = Probe(data, device, amp, decode_amp, cfg.seed, started + 0.6 * PROBE_SHARE * budget_s)
+    model, batch, speeds = planner.shape(probe, data, budget_s)
+    loss_s, per_sentence = probe.validation_seconds(model, cfg.decoding, batch)
+    smallest = loss_s + min(len(data.valid), rules.FEWEST_VALID_SENTENCES) * per_sentence
+    if smallest > 0.25 * budget_s:
+        least = math.ceil(4 * smallest / 60)
+        raise TrainingError(f"training.max_minutes={t.max_minutes} is too short: one validation takes "
+                            f"{smallest:.1f}s here; set at least training.max_minutes={least}")
+    steps_per_epoch, epoch_tokens = _epoch(data, batch, t.accumulate, world_size)
+    step_s = epoch_tokens / world_size / steps_per_epoch / speeds[batch]
+    train_s = (budget_s - (time.perf_counter() - started)) * (1 - rules.VALIDATION_SHARE)
+    updates, epochs = train_s / step_s, train_s / step_s / steps_per_epoch
+    ends_by = "budget"
+    if "training.epochs" in planner.yours and t.epochs < epochs:
+        updates, epochs, ends_by = t.epochs * steps_per_epoch, float(t.epochs), "epochs"
+    pick("training.epochs", UNTIL_THE_BUDGET, "the budget ends the run")
+    pick("training.lr", rules.peak_lr(model.d_model), "2e-3 at d_model 256, × (256 / d_model)^0.5")
+    pick("training.scheduler", "linear", "decays to 0 as the budget runs out")
+    pick("training.warmup_steps", rules.warmup_steps(updates), f"a tenth of {updates:.0f} updates, 300-4,000")
+    pick("model.norm_first", True, "pre-norm: stable at a high learning rate")
+    pick("model.dropout", rules.dropout(epochs), f"{epochs:.1f} epochs")
+    n = pick("training.valid_max_sentences",
+             rules.valid_sentences(len(data.valid), epochs, budget_s, loss_s, per_sentence),
+             f"up to {rules.VALID_SENTENCES} of the {len(data.valid)} validation pairs")
+    validation_s = loss_s + n * per_sentence
+    count = rules.validations(budget_s, validation_s)
+    pick("training.valid_every_steps", rules.valid_every_steps(updates, count, steps_per_epoch),
+         f"{count} validations of {validation_s:.1f}s: at most {rules.VALIDATION_SHARE:.0%} of the budget")
+    pick("training.ema_decay", rules.ema_decay(updates), f"{updates:.0f} updates")
+    pick("training.average_last", min(3, t.keep_last) if t.keep_last >= 2 else 0,
+         "kept only if validation does not drop")
+    planner.plan.measured = {
+        "tokens_per_s": speeds[batch], "batch_speeds": {str(k): round(v) for k, v in speeds.items()},
+        "updates": updates, "epochs": epochs, "steps_per_epoch": steps_per_epoch, "ends_by": ends_by,
+        "validation_seconds": validation_s, "probe_seconds": time.perf_counter() - started}
+    return planner.plan
+
+
+def _model_size(cfg: TrainConfig, data: PreparedData, measured: ModelConfig, speed: float, batch: int,
+                budget_s: float) -> str:
+    """rules.model_size on each shape's budget in target tokens: the measured shape's speed scaled by its
+    share of the FLOPs per token (at a typical batch of the run's mean lengths)."""
+    lengths = data.train.lengths()
+    src, tgt = (int(x) + 1 for x in lengths.mean(axis=0).round())
+    rows = max(batch // max(src, tgt), 1)
+    shapes = {size: shape(size, cfg.model) for size in rules.SIZES}
+    flops = {size: forward_flops(m, data.vocab.tgt_vocab_size, rows, src, tgt) for size, m in shapes.items()}
+    reference = forward_flops(measured, data.vocab.tgt_vocab_size, rows, src, tgt)
+    tokens = {size: speed * reference / flops[size] * budget_s * (1 - rules.VALIDATION_SHARE)
+              for size in rules.SIZES}
+    return rules.model_size(tokens, {size: parameters(m, data) for size, m in shapes.items()})
+
+
+def _epoch(data: PreparedData, batch_tokens: int, accumulate: int, world_size: int) -> tuple[int, int]:
+    """(optimizer steps per epoch, target tokens per epoch, eos included) of the first epoch."""
+    rows = data.mixture.rows(0) if data.mixture is not None else np.arange(len(data.train))
+    lengths = data.train.lengths()[rows]
+    batches = TokenBatchSampler(lengths, batch_tokens, shuffle=False).num_batches(world_size)
+    return max(math.ceil(batches / accumulate), 1), int(lengths[:, 1].sum()) + len(rows)

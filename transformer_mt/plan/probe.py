@@ -1,0 +1,94 @@
+"""The plan's measurements on this machine, in this precision, on the run's own data: training tokens/s
+of a model at several batch sizes, and what one validation costs. A probe trains a throw-away copy of
+the model for a few steps; it leaves every random generator as it found it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+import torch
+
+from transformer_mt.checkpoint import build_model
+from transformer_mt.config import DecodingConfig, ModelConfig, SearchConfig
+from transformer_mt.data import PreparedData
+from transformer_mt.errors import TrainingError
+from transformer_mt.plan.rules import AS_FAST, BATCH_CANDIDATES
+from transformer_mt.runtime import rng_state, set_rng_state
+from transformer_mt.throughput import real_batches, synchronize, time_training
+from transformer_mt.translator import decode_ids
+from transformer_mt.validation import validation_loss
+
+STEPS = 4  # timed optimizer steps per batch size, after two untimed ones
+DECODED = 32  # validation sentences decoded to time one
+
+
+@dataclass
+class Probe:
+    """Where a probe runs and how long it may take."""
+
+    data: PreparedData
+    device: torch.device
+    amp: torch.dtype | None  # training's autocast dtype
+    decode_amp: torch.dtype | None  # validation decoding's
+    seed: int
+    deadline: float  # time.perf_counter() value after which no new measurement starts
+
+    def batch_speeds(self, model_cfg: ModelConfig, batches: tuple[int, ...] = BATCH_CANDIDATES
+                     ) -> dict[int, float]:
+        """Training target tokens/s at each batch size, smallest first, until a doubling no longer gains
+        10%, the device runs out of memory, or the deadline passes (the first size is always measured)."""
+        speeds: dict[int, float] = {}
+        for size in batches:
+            if speeds and time.perf_counter() > self.deadline:
+                break
+            try:
+                speeds[size] = self.tokens_per_s(model_cfg, size)
+            except torch.OutOfMemoryError as ex:
+                if not speeds:
+                    raise TrainingError(f"training.plan=auto: a {size}-token batch of this model does not "
+                                        f"fit on {self.device} ({str(ex).splitlines()[0]}); choose a "
+                                        "smaller model (model=small) or another device") from None
+                break
+            finally:
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+            if len(speeds) > 1 and speeds[size] < speeds[size // 2] / AS_FAST:
+                break  # not 10% faster than half the batch: the device is busy already
+        return speeds
+
+    def tokens_per_s(self, model_cfg: ModelConfig, batch_tokens: int) -> float:
+        """Target tokens/s of real optimizer steps on the first batches of the run's first epoch."""
+        state = rng_state()
+        try:
+            model = build_model(model_cfg, self.data.vocab).to(self.device)
+            batches = real_batches(self.data, batch_tokens, self.seed, STEPS)
+            seconds, tokens = time_training(model, batches, self.device, self.amp)
+        finally:
+            set_rng_state(state)
+        return tokens / seconds
+
+    def validation_seconds(self, model_cfg: ModelConfig, decoding: SearchConfig,
+                           batch_tokens: int) -> tuple[float, float]:
+        """(seconds of the validation loss over the whole valid split, seconds per decoded sentence). An
+        untrained model never ends a sentence, so each is decoded to its source's length, about what a
+        trained one writes."""
+        valid = self.data.valid
+        state = rng_state()
+        try:
+            model = build_model(model_cfg, self.data.vocab).to(self.device).eval()
+            start = time.perf_counter()
+            validation_loss(model, valid, batch_tokens, self.device, self.amp)
+            synchronize(self.device)
+            loss_s = time.perf_counter() - start
+            n = min(DECODED, len(valid))
+            as_long = DecodingConfig(**{**dataclasses.asdict(decoding), "max_len_a": 1.0, "max_len_b": 1})
+            start = time.perf_counter()
+            decode_ids(model, valid.src_ids[:n], as_long, self.device, amp=self.decode_amp)
+            synchronize(self.device)
+            per_sentence = (time.perf_counter() - start) / max(n, 1)
+        finally:
+            set_rng_state(state)
+        return loss_s, per_sentence

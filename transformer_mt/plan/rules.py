@@ -1,0 +1,78 @@
+"""The rules a plan follows: each setting from what the probe measured and what the budget holds.
+
+Every rule is a small pure function of measured quantities, so that a test can state what it does and
+docs/planning.md can say which measurement each comes from.
+"""
+
+from __future__ import annotations
+
+import math
+
+BATCH_CANDIDATES = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+AS_FAST = 0.9  # a batch within 10% of the fastest tokens/s trains as fast
+SIZES = ("small", "base")  # the planned model shapes, smallest first (`tiny` is for tests)
+VALIDATION_SHARE = 0.05  # of the budget, at most
+MOST_VALIDATIONS = 20
+VALID_SENTENCES = 1000  # decoded at each validation where the split has them: enough to rank checkpoints
+FEWEST_VALID_SENTENCES = 100
+EMA_UPDATES = 2000  # an EMA of decay 0.999 averages ~1,000 updates: with fewer it holds early weights
+
+
+def batch_tokens(speeds: dict[int, float]) -> int:
+    """The smallest batch whose training tokens/s is within 10% of the fastest measured: for the same
+    tokens it makes the most updates, and far from convergence more small updates win."""
+    fastest = max(speeds.values())
+    return min(b for b, speed in speeds.items() if speed >= AS_FAST * fastest)
+
+
+def model_size(tokens: dict[str, float], params: dict[str, int]) -> str:
+    """The largest shape that the budget shows at least one target token per parameter (`tokens`: what
+    the budget trains of each shape at its measured speed); `small` when none does."""
+    fitting = [size for size in SIZES if tokens[size] >= params[size]]
+    return fitting[-1] if fitting else SIZES[0]
+
+
+def peak_lr(d_model: int) -> float:
+    """2e-3 for d_model 256 with pre-norm, scaled by d_model^-0.5 as in the paper's schedule."""
+    return round(2e-3 * math.sqrt(256 / d_model), 5)
+
+
+def warmup_steps(updates: float) -> int:
+    """A tenth of the expected updates, at least 300 and at most 4,000, never more than half the run
+    (rounded to 100 steps, so that the plan does not move with the probe's noise)."""
+    steps = min(max(0.1 * updates, 300), 4000, 0.5 * updates)
+    return max(int(round(steps, -2)), 100 if updates >= 200 else int(updates // 2))
+
+
+def dropout(epochs: float) -> float:
+    """None for one or two passes over the data, then 0.1 more at each doubling of the passes, at most 0.3:
+    0.1 from 4 epochs, 0.2 from 8, 0.3 from 16."""
+    if epochs < 4:
+        return 0.0
+    return min(0.3, round(0.1 * math.floor(math.log2(epochs / 2)), 1))
+
+
+def ema_decay(updates: float) -> float:
+    """An EMA of the weights (0.999) when the run makes enough updates for it to average late weights."""
+    return 0.999 if updates >= EMA_UPDATES else 0.0
+
+
+def valid_sentences(valid_pairs: int, epochs: float, budget_s: float, loss_s: float,
+                    per_sentence_s: float) -> int:
+    """Decode VALID_SENTENCES (or the whole split, if smaller) at each validation, fewer only when the
+    epochs' own validations would pass VALIDATION_SHARE of the budget, never below FEWEST_VALID_SENTENCES."""
+    n = min(valid_pairs, VALID_SENTENCES)
+    affordable = (VALIDATION_SHARE * budget_s / max(math.ceil(epochs), 1) - loss_s) / per_sentence_s
+    return max(min(n, int(affordable)), min(valid_pairs, FEWEST_VALID_SENTENCES))
+
+
+def validations(budget_s: float, validation_s: float) -> int:
+    """How many validations fit in VALIDATION_SHARE of the budget (1 to MOST_VALIDATIONS)."""
+    return max(1, min(MOST_VALIDATIONS, int(VALIDATION_SHARE * budget_s / validation_s)))
+
+
+def valid_every_steps(updates: float, count: int, steps_per_epoch: int) -> int:
+    """The interval of `count` validations over the run, rounded up to 100 steps; 0 (each epoch's end
+    only) when an epoch is shorter."""
+    every = math.ceil(updates / count / 100) * 100
+    return 0 if every >= steps_per_epoch else every
