@@ -132,6 +132,16 @@ def test_a_planned_run_records_its_plan(planned_run: Path) -> None:
     assert "| training.lr |" in plan.table() and "target tokens/s" in plan.table()
 
 
+def test_the_decay_follows_the_clock_unless_the_epochs_end_the_run_first(planned_run: Path) -> None:
+    from transformer_mt.runtime import TrainingClock
+
+    clock = TrainingClock(10, seconds=60)  # a tenth of the budget spent
+    fixed = planning.Plan.from_dict(json.loads((planned_run / "result.json").read_text())["plan"])
+    assert fixed.measured["ends_by"] == "epochs" and planning.decay_clock(fixed, clock)() == 0.0
+    budgeted = planning.Plan({**fixed.values}, measured={**fixed.measured, "ends_by": "budget"})
+    assert planning.decay_clock(budgeted, clock)() == planning.decay_clock(None, clock)() == 0.1
+
+
 def test_a_resumed_run_reuses_its_plan(planned_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                        caplog: pytest.LogCaptureFixture) -> None:
     import shutil
