@@ -107,6 +107,21 @@ def test_the_probe_doubles_the_batch_while_it_gains_and_stops_at_its_deadline() 
         _Speeds({512: -1}).batch_speeds(ModelConfig())
 
 
+def test_the_model_size_counts_the_tokens_of_every_process(corpus: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformer_mt.data import prepare_data
+
+    cfg = compose("train", tiny_overrides(corpus, tmp_path / "run"))
+    data = prepare_data(cfg.dataset, cfg.tokenizer)
+    budgets: list[dict[str, float]] = []
+    monkeypatch.setattr(rules, "model_size", lambda tokens, params: budgets.append(tokens) or "small")
+    for world_size in (1, 2):
+        planner = planning._Planner(cfg, set(), world_size)
+        planner.shape(_Speeds({512: 1000.0, 1024: 1000.0}), data, budget_s=600)
+    one, two = budgets
+    assert one["small"] > one["base"] > 0 and two == pytest.approx({k: 2 * v for k, v in one.items()})
+
+
 # -- a planned run ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def planned_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:

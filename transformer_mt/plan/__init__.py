@@ -29,7 +29,7 @@ from transformer_mt.data import PreparedData, TokenBatchSampler
 from transformer_mt.errors import TrainingError
 from transformer_mt.plan import rules
 from transformer_mt.plan.probe import Probe
-from transformer_mt.runtime import TrainingClock, precision
+from transformer_mt.runtime import TrainingClock, pad_to_multiple, precision
 from transformer_mt.tables import markdown_table
 from transformer_mt.throughput import forward_flops
 from transformer_mt.typed import to_dataclass
@@ -164,8 +164,8 @@ def settle(cfg: TrainConfig, state: dict[str, Any] | None, data: PreparedData, d
 class _Planner:
     """Fills a Plan key by key: the user's value where they chose one, else the rule's."""
 
-    def __init__(self, cfg: TrainConfig, yours: set[str]) -> None:
-        self.cfg, self.yours, self.plan = cfg, yours, Plan({})
+    def __init__(self, cfg: TrainConfig, yours: set[str], world_size: int) -> None:
+        self.cfg, self.yours, self.world_size, self.plan = cfg, yours, world_size, Plan({})
 
     def pick(self, key: str, value: Any, why: str) -> Any:
         """The key's value in the plan: yours, or `value` (the plan's, for the reason `why`)."""
@@ -191,7 +191,7 @@ class _Planner:
         else:
             model = shape(rules.SIZES[0], self.cfg.model)
             batch, speeds = self.batch(probe, model)
-            size = _model_size(self.cfg, data, model, speeds[batch], batch, budget_s)
+            size = _model_size(self.cfg, data, model, speeds[batch] * self.world_size, batch, budget_s)
             if size != rules.SIZES[0]:
                 model = shape(size, self.cfg.model)
                 batch, speeds = self.batch(probe, model)
@@ -206,9 +206,10 @@ def make(cfg: TrainConfig, data: PreparedData, device: torch.device, amp: torch.
     """Probe, then plan every key of PLANNED the user left open (see rules.py for each rule)."""
     started = time.perf_counter()
     t, budget_s = cfg.training, cfg.training.max_minutes * 60
-    planner = _Planner(cfg, chosen_by_you(cfg, overrides))
+    planner = _Planner(cfg, chosen_by_you(cfg, overrides), world_size)
     pick = planner.pick
-    probe = Probe(data, device, amp, decode_amp, cfg.seed, started + 0.6 * PROBE_SHARE * budget_s)
+    pad = pad_to_multiple(t.pad_to_multiple, device, cfg.device.compile)  # as the run will pad
+    probe = Probe(data, device, amp, decode_amp, cfg.seed, started + 0.6 * PROBE_SHARE * budget_s, pad)
     model, batch, speeds = planner.shape(probe, data, budget_s)
     loss_s, per_sentence = probe.validation_seconds(model, cfg.decoding, batch)
     smallest = loss_s + min(len(data.valid), rules.FEWEST_VALID_SENTENCES) * per_sentence
@@ -216,7 +217,7 @@ def make(cfg: TrainConfig, data: PreparedData, device: torch.device, amp: torch.
         least = math.ceil(4 * smallest / 60)
         raise TrainingError(f"training.max_minutes={t.max_minutes} is too short: one validation takes "
                             f"{smallest:.1f}s here; set at least training.max_minutes={least}")
-    steps_per_epoch, epoch_tokens = _epoch(data, batch, t.accumulate, world_size)
+    steps_per_epoch, epoch_tokens = _epoch(data, batch, t.accumulate, world_size, pad)
     step_s = epoch_tokens / world_size / steps_per_epoch / speeds[batch]
     train_s = (budget_s - (time.perf_counter() - started)) * (1 - rules.VALIDATION_SHARE)
     updates, epochs = train_s / step_s, train_s / step_s / steps_per_epoch
@@ -248,8 +249,9 @@ def make(cfg: TrainConfig, data: PreparedData, device: torch.device, amp: torch.
 
 def _model_size(cfg: TrainConfig, data: PreparedData, measured: ModelConfig, speed: float, batch: int,
                 budget_s: float) -> str:
-    """rules.model_size on each shape's budget in target tokens: the measured shape's speed scaled by its
-    share of the FLOPs per token (at a typical batch of the run's mean lengths)."""
+    """rules.model_size on each shape's budget in target tokens: the measured shape's speed (of every
+    process together) scaled by its share of the FLOPs per token (at a typical batch of the run's mean
+    lengths)."""
     lengths = data.train.lengths()
     src, tgt = (int(x) + 1 for x in lengths.mean(axis=0).round())
     rows = max(batch // max(src, tgt), 1)
@@ -261,9 +263,11 @@ def _model_size(cfg: TrainConfig, data: PreparedData, measured: ModelConfig, spe
     return rules.model_size(tokens, {size: parameters(m, data) for size, m in shapes.items()})
 
 
-def _epoch(data: PreparedData, batch_tokens: int, accumulate: int, world_size: int) -> tuple[int, int]:
+def _epoch(data: PreparedData, batch_tokens: int, accumulate: int, world_size: int,
+           pad: int) -> tuple[int, int]:
     """(optimizer steps per epoch, target tokens per epoch, eos included) of the first epoch."""
     rows = data.mixture.rows(0) if data.mixture is not None else np.arange(len(data.train))
     lengths = data.train.lengths()[rows]
-    batches = TokenBatchSampler(lengths, batch_tokens, shuffle=False).num_batches(world_size)
+    sampler = TokenBatchSampler(lengths, batch_tokens, shuffle=False, pad_to_multiple=pad)
+    batches = sampler.num_batches(world_size)
     return max(math.ceil(batches / accumulate), 1), int(lengths[:, 1].sum()) + len(rows)

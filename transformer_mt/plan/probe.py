@@ -35,6 +35,7 @@ class Probe:
     decode_amp: torch.dtype | None  # validation decoding's
     seed: int
     deadline: float  # time.perf_counter() value after which no new measurement starts
+    pad_to_multiple: int = 1  # the run's batch padding (runtime.pad_to_multiple), so that shapes match
 
     def batch_speeds(self, model_cfg: ModelConfig, batches: tuple[int, ...] = BATCH_CANDIDATES
                      ) -> dict[int, float]:
@@ -64,7 +65,7 @@ class Probe:
         state = rng_state()
         try:
             model = build_model(model_cfg, self.data.vocab).to(self.device)
-            batches = real_batches(self.data, batch_tokens, self.seed, STEPS)
+            batches = real_batches(self.data, batch_tokens, self.seed, STEPS, self.pad_to_multiple)
             seconds, tokens = time_training(model, batches, self.device, self.amp)
         finally:
             set_rng_state(state)
