@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.composition import compose
 from transformer_mt.config import ConfigError, ModelConfig
 from transformer_mt.errors import TrainingError
+from transformer_mt.plan import probe as probe_module
 from transformer_mt.plan import rules
 from transformer_mt.plan.probe import Probe
 
@@ -105,6 +107,36 @@ def test_the_probe_doubles_the_batch_while_it_gains_and_stops_at_its_deadline() 
     assert late.batch_speeds(ModelConfig()) == {512: 1e4}
     with pytest.raises(TrainingError, match="does not fit on cpu .*choose a smaller model"):
         _Speeds({512: -1}).batch_speeds(ModelConfig())
+
+
+def test_the_probe_starts_no_batch_size_that_would_end_past_its_deadline(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [0.0]
+    monkeypatch.setattr(probe_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    class Timed(_Speeds):
+        def tokens_per_s(self, model_cfg: ModelConfig, batch_tokens: int) -> float:
+            clock[0] += batch_tokens / 512  # each doubling takes twice as long
+            return super().tokens_per_s(model_cfg, batch_tokens)
+
+    gpu = Timed({512: 1e4, 1024: 2e4, 2048: 4e4}, deadline=6.0)
+    # 512 ends at 1 s, 1024 (expected to end at 3) at 3 s; 2048 would end at 7, past 6: not started
+    assert gpu.batch_speeds(ModelConfig()) == {512: 1e4, 1024: 2e4} and clock == [3.0]
+
+
+def test_timed_steps_go_round_the_batches_until_their_time_is_up(corpus: Path, tmp_path: Path) -> None:
+    from transformer_mt.checkpoint import build_model
+    from transformer_mt.data import prepare_data
+    from transformer_mt.throughput import real_batches, time_training
+
+    cfg = compose("train", tiny_overrides(corpus, tmp_path / "run"))
+    data = prepare_data(cfg.dataset, cfg.tokenizer)
+    batches = real_batches(data, 256, seed=1, n=2)
+    model = build_model(cfg.model, data.vocab)
+    _, every = time_training(model, batches, torch.device("cpu"))  # each batch once
+    _, five = time_training(model, batches, torch.device("cpu"), seconds=0.0, min_steps=5)
+    one, two = (b.n_tgt_tokens for b in batches)
+    assert every == one + two and five == 3 * one + 2 * two
 
 
 def test_the_model_size_counts_the_tokens_of_every_process(corpus: Path, tmp_path: Path,

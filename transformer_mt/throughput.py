@@ -5,6 +5,7 @@ FLOPs those steps cost. `training.plan=auto` probes with it (plan/probe.py); the
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import torch
@@ -47,9 +48,10 @@ def real_batches(data: PreparedData, batch_tokens: int, seed: int, n: int, multi
 
 def time_training(model: nn.Module, batches: list[Batch], device: torch.device,
                   dtype: torch.dtype | None = None, label_smoothing: float = 0.1,
-                  warmup: int = 2) -> tuple[float, float]:
+                  warmup: int = 2, seconds: float | None = None, min_steps: int = 4) -> tuple[float, float]:
     """(seconds, target tokens) of forward + backward + AdamW step over `batches` (moved to `device`,
-    under autocast to dtype when given), after `warmup` untimed steps on the first of them."""
+    under autocast to dtype when given), after `warmup` untimed steps on the first of them. With
+    `seconds`, steps go round `batches` until that much time has passed (and `min_steps` were made)."""
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
     batches = [b.to(device) for b in batches]
@@ -66,8 +68,14 @@ def time_training(model: nn.Module, batches: list[Batch], device: torch.device,
     for batch in batches[:warmup]:
         step(batch)
     synchronize(device)
-    start = time.perf_counter()
-    for batch in batches:
+    start, tokens = time.perf_counter(), 0
+    order = batches if seconds is None else itertools.cycle(batches)
+    for n, batch in enumerate(order, start=1):
         step(batch)
+        tokens += batch.n_tgt_tokens
+        # On a GPU the host runs ahead of the device, so this reads early; the synchronize below times
+        # every step that was started.
+        if seconds is not None and n >= min_steps and time.perf_counter() - start >= seconds:
+            break
     synchronize(device)
-    return time.perf_counter() - start, float(sum(b.n_tgt_tokens for b in batches))
+    return time.perf_counter() - start, float(tokens)

@@ -40,6 +40,8 @@ PLANNED = (*SHAPE, "training.batch_tokens", "training.epochs", "training.lr", "t
            "training.warmup_steps", "model.norm_first", "model.dropout", "training.valid_max_sentences",
            "training.valid_every_steps", "training.ema_decay", "training.average_last")
 PROBE_SHARE = 0.02  # of the budget: what the probe may take
+BATCH_SWEEP_SHARE = 0.6  # of the probe's time: no new batch size is measured after it
+TIMED_SIZES = 5  # the sweep's time is divided among this many sizes' timed steps (and their warm-up)
 UNTIL_THE_BUDGET = 1000  # training.epochs when the budget ends the run
 
 
@@ -209,7 +211,8 @@ def make(cfg: TrainConfig, data: PreparedData, device: torch.device, amp: torch.
     planner = _Planner(cfg, chosen_by_you(cfg, overrides), world_size)
     pick = planner.pick
     pad = pad_to_multiple(t.pad_to_multiple, device, cfg.device.compile)  # as the run will pad
-    probe = Probe(data, device, amp, decode_amp, cfg.seed, started + 0.6 * PROBE_SHARE * budget_s, pad)
+    sweep_s = BATCH_SWEEP_SHARE * PROBE_SHARE * budget_s  # the rest times one validation
+    probe = Probe(data, device, amp, decode_amp, cfg.seed, started + sweep_s, pad, sweep_s / TIMED_SIZES)
     model, batch, speeds = planner.shape(probe, data, budget_s)
     loss_s, per_sentence = probe.validation_seconds(model, cfg.decoding, batch)
     smallest = loss_s + min(len(data.valid), rules.FEWEST_VALID_SENTENCES) * per_sentence

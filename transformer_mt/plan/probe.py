@@ -21,8 +21,10 @@ from transformer_mt.throughput import real_batches, synchronize, time_training
 from transformer_mt.translator import decode_ids
 from transformer_mt.validation import validation_loss
 
-STEPS = 4  # timed optimizer steps per batch size, after two untimed ones
+STEPS = 4  # timed optimizer steps per batch size at least, after two untimed ones
+POOL = 64  # batches of the run's first epoch that the timed steps go round
 DECODED = 32  # validation sentences decoded to time one
+LOSS_PAIRS = 500  # validation pairs whose loss is timed (the whole split's cost is scaled from them)
 
 
 @dataclass
@@ -34,19 +36,24 @@ class Probe:
     amp: torch.dtype | None  # training's autocast dtype
     decode_amp: torch.dtype | None  # validation decoding's
     seed: int
-    deadline: float  # time.perf_counter() value after which no new measurement starts
+    deadline: float  # time.perf_counter() value: no batch size whose measurement would end later starts
     pad_to_multiple: int = 1  # the run's batch padding (runtime.pad_to_multiple), so that shapes match
+    seconds_per_size: float = 0.0  # timed steps at one batch size go on this long (at least STEPS)
 
     def batch_speeds(self, model_cfg: ModelConfig, batches: tuple[int, ...] = BATCH_CANDIDATES
                      ) -> dict[int, float]:
         """Training target tokens/s at each batch size, smallest first, until a doubling no longer gains
-        10%, the device runs out of memory, or the deadline passes (the first size is always measured)."""
+        10%, the device runs out of memory, or the next size would end past the deadline (the first size
+        is always measured)."""
         speeds: dict[int, float] = {}
+        cost = 0.0  # of the last size measured; the next, twice the batch, costs about twice as much
         for size in batches:
-            if speeds and time.perf_counter() > self.deadline:
+            started = time.perf_counter()
+            if speeds and started + 2 * cost > self.deadline:
                 break
             try:
                 speeds[size] = self.tokens_per_s(model_cfg, size)
+                cost = time.perf_counter() - started
             except torch.OutOfMemoryError as ex:
                 if not speeds:
                     raise TrainingError(f"training.plan=auto: a {size}-token batch of this model does not "
@@ -61,29 +68,32 @@ class Probe:
         return speeds
 
     def tokens_per_s(self, model_cfg: ModelConfig, batch_tokens: int) -> float:
-        """Target tokens/s of real optimizer steps on the first batches of the run's first epoch."""
+        """Target tokens/s of real optimizer steps on the first batches of the run's first epoch (a random
+        sample of its lengths), timed for seconds_per_size: a few steps on a CPU vary by a quarter."""
         state = rng_state()
         try:
             model = build_model(model_cfg, self.data.vocab).to(self.device)
-            batches = real_batches(self.data, batch_tokens, self.seed, STEPS, self.pad_to_multiple)
-            seconds, tokens = time_training(model, batches, self.device, self.amp)
+            batches = real_batches(self.data, batch_tokens, self.seed, POOL, self.pad_to_multiple)
+            seconds, tokens = time_training(model, batches, self.device, self.amp,
+                                            seconds=self.seconds_per_size, min_steps=STEPS)
         finally:
             set_rng_state(state)
         return tokens / seconds
 
     def validation_seconds(self, model_cfg: ModelConfig, decoding: SearchConfig,
                            batch_tokens: int) -> tuple[float, float]:
-        """(seconds of the validation loss over the whole valid split, seconds per decoded sentence). An
-        untrained model never ends a sentence, so each is decoded to its source's length, about what a
-        trained one writes."""
+        """(seconds of the validation loss over the whole valid split, seconds per decoded sentence). The
+        loss is timed on up to LOSS_PAIRS pairs and scaled to the split. An untrained model never ends a
+        sentence, so each is decoded to its source's length, about what a trained one writes."""
         valid = self.data.valid
+        timed = valid if len(valid) <= LOSS_PAIRS else valid.subset(range(LOSS_PAIRS))
         state = rng_state()
         try:
             model = build_model(model_cfg, self.data.vocab).to(self.device).eval()
             start = time.perf_counter()
-            validation_loss(model, valid, batch_tokens, self.device, self.amp)
+            validation_loss(model, timed, batch_tokens, self.device, self.amp)
             synchronize(self.device)
-            loss_s = time.perf_counter() - start
+            loss_s = (time.perf_counter() - start) * len(valid) / max(len(timed), 1)
             n = min(DECODED, len(valid))
             as_long = DecodingConfig(**{**dataclasses.asdict(decoding), "max_len_a": 1.0, "max_len_b": 1})
             start = time.perf_counter()
