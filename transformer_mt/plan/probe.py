@@ -69,7 +69,7 @@ class Probe:
 
     def tokens_per_s(self, model_cfg: ModelConfig, batch_tokens: int) -> float:
         """Target tokens/s of real optimizer steps on the first batches of the run's first epoch (a random
-        sample of its lengths), timed for seconds_per_size: a few steps on a CPU vary by a quarter."""
+        sample of its lengths), timed for seconds_per_size: a few steps on a CPU are too noisy."""
         state = rng_state()
         try:
             model = build_model(model_cfg, self.data.vocab).to(self.device)
