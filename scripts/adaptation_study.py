@@ -3,7 +3,7 @@
     python scripts/adaptation_study.py --multi30k ../shared/data/multi30k \
         --tatoeba ../shared/data/deu-eng.zip --tgt de --out runs/m30k-de
 
-(b) a Tatoeba model of the pair (`experiment=tatoeba_cpu`, --minutes), used as it is;
+(b) a Tatoeba model of the pair (`experiment=tatoeba_cpu_tuned`, --minutes), used as it is;
 (c) that model fine-tuned on Multi30k (`init=`, --finetune-minutes);
 (a) a model trained on Multi30k alone from scratch (--minutes);
 (d) a model trained from scratch on Multi30k mixed with Tatoeba (`dataset.mix`, --minutes).
@@ -25,7 +25,7 @@ from pathlib import Path
 import transformer_mt as tmt
 from transformer_mt.tables import markdown_table
 
-# What each Multi30k run changes in experiment=tatoeba_cpu (docs/results.md says how they were chosen).
+# What each Multi30k run changes in experiment=tatoeba_cpu_tuned (docs/results.md says how they were chosen).
 FINETUNE = ["training.lr=1e-3", "training.warmup_steps=200", "training.valid_every_steps=800",
             "model.dropout=0.1"]
 SCRATCH = ["model.dropout=0.3", "training.valid_every_steps=1500"]
@@ -47,10 +47,10 @@ def multi30k(folder: Path, tgt: str, cache: Path) -> list[str]:
 def plans(args: argparse.Namespace) -> dict[str, list[str]]:
     """The overrides of each run."""
     cache = args.out / "cache"
-    m30k = ["experiment=tatoeba_cpu", *multi30k(args.multi30k.resolve(), args.tgt, cache)]
+    m30k = ["experiment=tatoeba_cpu_tuned", *multi30k(args.multi30k.resolve(), args.tgt, cache)]
     mix = f"dataset.mix=[{{name:tatoeba,path:'{args.tatoeba.resolve()}',weight:{TATOEBA_WEIGHT}}}]"
     return {
-        "b": ["experiment=tatoeba_cpu", f"dataset.path={args.tatoeba.resolve()}", "dataset.url=null",
+        "b": ["experiment=tatoeba_cpu_tuned", f"dataset.path={args.tatoeba.resolve()}", "dataset.url=null",
               f"dataset.tgt_lang={args.tgt}", f"dataset.cache_dir={cache}",
               f"training.max_minutes={args.minutes}"],
         "c": [*m30k, f"init={args.out / 'b'}", f"training.max_minutes={args.finetune_minutes}", *FINETUNE],

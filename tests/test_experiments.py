@@ -8,33 +8,39 @@ import pytest
 
 import transformer_mt as tmt
 from tests.conftest import FIXTURES
+from transformer_mt import plan as planning
 from transformer_mt.checkpoint import load_checkpoint
 
 EXPERIMENTS = sorted(p.stem for p in (Path(__file__).parents[1] / "configs" / "experiment").glob("*.yaml"))
 
 
-def test_the_three_recipes_exist() -> None:
-    assert {"tatoeba_cpu", "tatoeba_gpu", "opus_books_gpu"} <= set(EXPERIMENTS)
+def test_the_recipes_exist() -> None:
+    assert {"tatoeba_cpu", "tatoeba_cpu_tuned", "tatoeba_gpu", "opus_books_gpu"} <= set(EXPERIMENTS)
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_recipe_composes(experiment: str) -> None:
     cfg = tmt.compose("train", [f"experiment={experiment}"])
-    if experiment == "tatoeba_cpu":
-        assert cfg.training.max_minutes == 40.0 and cfg.training.scheduler == "linear"
+    if experiment.startswith("tatoeba_cpu"):
+        assert cfg.training.max_minutes == 40.0
+    if experiment == "tatoeba_cpu":  # planned: it sets nothing the plan would choose
+        assert cfg.training.plan == "auto" and planning.chosen_by_you(cfg, []) == set()
+    if experiment == "tatoeba_cpu_tuned":
+        assert cfg.training.plan == "off" and cfg.training.scheduler == "linear"
     if experiment.endswith("_gpu"):
         assert cfg.model.d_model == 512 and cfg.device.name == "cuda"
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_recipe_trains_a_few_steps_on_cpu(experiment: str, tmp_path: Path, corpus: Path) -> None:
-    """The recipe's own model and schedule, on a sliver of data, so it fits in seconds."""
+    """The recipe's own model and schedule (planned for a short budget where the recipe plans), on a
+    sliver of data, so it fits in seconds."""
     run_dir = tmp_path / "run"
     data = {"dataset.path": corpus, "dataset.url": "null", "dataset.cache_dir": tmp_path / "cache",
             "dataset.max_pairs": 120, "dataset.valid_size": 10, "dataset.test_size": 10,
             "tokenizer.vocab_size": 400, "training.batch_tokens": 256, "training.epochs": 1,
             "training.valid_max_sentences": 4, "training.progress": "false", "decoding.max_len_b": 3,
-            "decoding.max_len_a": 0, "checkpoint.dir": run_dir, "device": "cpu"}
+            "decoding.max_len_a": 0, "checkpoint.dir": run_dir, "device": "cpu", "training.max_minutes": 1}
     if "opus_books" in experiment:
         fixture = FIXTURES / "opus_books_en_fr.jsonl"
         del data["dataset.path"], data["dataset.max_pairs"]

@@ -58,14 +58,16 @@ def test_the_model_grows_when_the_budget_trains_it_on_enough_tokens() -> None:
     assert rules.model_size({"small": 1e6, "base": 1e5}, params) == "small"  # never below small
 
 
-def test_lr_and_ema() -> None:
+def test_lr_ema_and_averaging() -> None:
     assert rules.peak_lr(256) == 2e-3 and rules.peak_lr(512) == pytest.approx(1.41e-3, abs=1e-6)
     assert rules.ema_decay(1999) == 0 and rules.ema_decay(2000) == 0.999
+    assert rules.average_last(0.999, keep_last=5) == 3 and rules.average_last(0.999, keep_last=2) == 2
+    assert rules.average_last(0.0, keep_last=5) == 0 and rules.average_last(0.999, keep_last=1) == 0
 
 
 # -- whose choice ----------------------------------------------------------------------------------
 def test_keys_set_in_an_experiment_or_on_the_command_line_are_yours() -> None:
-    overrides = ["experiment=tatoeba_cpu", "training.plan=auto", "training.ema_decay=0"]
+    overrides = ["experiment=tatoeba_cpu_tuned", "training.plan=auto", "training.ema_decay=0"]
     yours = planning.chosen_by_you(compose("train", overrides), overrides)
     assert {"training.batch_tokens", "training.lr", "training.warmup_steps", "model.dropout",
             "training.ema_decay", "model.norm_first"} <= yours

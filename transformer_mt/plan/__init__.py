@@ -240,9 +240,9 @@ def make(cfg: TrainConfig, data: PreparedData, device: torch.device, amp: torch.
     count = rules.validations(budget_s, validation_s)
     pick("training.valid_every_steps", rules.valid_every_steps(updates, count, steps_per_epoch),
          f"{count} validations of {validation_s:.1f}s: at most {rules.VALIDATION_SHARE:.0%} of the budget")
-    pick("training.ema_decay", rules.ema_decay(updates), f"{updates:.0f} updates")
-    pick("training.average_last", min(3, t.keep_last) if t.keep_last >= 2 else 0,
-         "kept only if validation does not drop")
+    ema = pick("training.ema_decay", rules.ema_decay(updates), f"{updates:.0f} updates")
+    pick("training.average_last", rules.average_last(ema, t.keep_last),
+         "with EMA: kept only if validation does not drop" if ema else "without EMA the average loses")
     planner.plan.measured = {
         "tokens_per_s": speeds[batch], "batch_speeds": {str(k): round(v) for k, v in speeds.items()},
         "updates": updates, "epochs": epochs, "steps_per_epoch": steps_per_epoch, "ends_by": ends_by,

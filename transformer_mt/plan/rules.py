@@ -57,6 +57,12 @@ def ema_decay(updates: float) -> float:
     return 0.999 if updates >= EMA_UPDATES else 0.0
 
 
+def average_last(ema_decay: float, keep_last: int) -> int:
+    """Average the last 3 checkpoints at the end only when they are EMA weights: without EMA, the
+    checkpoints a short run keeps are far apart in quality and their average loses to the last."""
+    return min(3, keep_last) if ema_decay > 0 and keep_last >= 2 else 0
+
+
 def valid_sentences(valid_pairs: int, epochs: float, budget_s: float, loss_s: float,
                     per_sentence_s: float) -> int:
     """Decode VALID_SENTENCES (or the whole split, if smaller) at each validation, fewer only when the
