@@ -105,8 +105,8 @@ def test_the_probe_doubles_the_batch_while_it_gains_and_stops_at_its_deadline() 
     assert cpu.batch_speeds(ModelConfig()) == {512: 1000, 1024: 1040} and cpu.measured == [512, 1024]
     gpu = _Speeds({512: 1e4, 1024: 2e4, 2048: 4e4, 4096: -1})  # the fourth does not fit
     assert gpu.batch_speeds(ModelConfig()) == {512: 1e4, 1024: 2e4, 2048: 4e4}
-    late = _Speeds({512: 1e4, 1024: 2e4}, deadline=0.0)  # the deadline has passed: one size only
-    assert late.batch_speeds(ModelConfig()) == {512: 1e4}
+    late = _Speeds({512: 1e4, 1024: 2e4, 2048: 4e4}, deadline=0.0)  # past: the two sizes a rule needs
+    assert late.batch_speeds(ModelConfig()) == {512: 1e4, 1024: 2e4}
     with pytest.raises(TrainingError, match="does not fit on cpu .*choose a smaller model"):
         _Speeds({512: -1}).batch_speeds(ModelConfig())
 
@@ -121,9 +121,12 @@ def test_the_probe_starts_no_batch_size_that_would_end_past_its_deadline(
             clock[0] += batch_tokens / 512  # each doubling takes twice as long
             return super().tokens_per_s(model_cfg, batch_tokens)
 
-    gpu = Timed({512: 1e4, 1024: 2e4, 2048: 4e4}, deadline=6.0)
-    # 512 ends at 1 s, 1024 (expected to end at 3) at 3 s; 2048 would end at 7, past 6: not started
-    assert gpu.batch_speeds(ModelConfig()) == {512: 1e4, 1024: 2e4} and clock == [3.0]
+    gpu = Timed({512: 1e4, 1024: 2e4, 2048: 4e4, 4096: 8e4}, deadline=10.0)
+    # 512 ends at 1 s, 1024 at 3, 2048 (expected to end at 7) at 7; 4096 would end at 15: not started
+    assert gpu.batch_speeds(ModelConfig()) == {512: 1e4, 1024: 2e4, 2048: 4e4} and clock == [7.0]
+    clock[0] = 0.0
+    short = Timed({512: 1e4, 1024: 2e4, 2048: 4e4}, deadline=2.0)  # 1024 ends past it, but is measured
+    assert short.batch_speeds(ModelConfig()) == {512: 1e4, 1024: 2e4} and clock == [3.0]
 
 
 def test_timed_steps_go_round_the_batches_until_their_time_is_up(corpus: Path, tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from transformer_mt.translator import decode_ids
 from transformer_mt.validation import validation_loss
 
 STEPS = 4  # timed optimizer steps per batch size at least, after two untimed ones
+ALWAYS_TIMED = 2  # batch sizes measured whatever the deadline: the batch rule compares a doubling
 POOL = 64  # batches of the run's first epoch that the timed steps go round
 DECODED = 32  # validation sentences decoded to time one
 LOSS_PAIRS = 500  # validation pairs whose loss is timed (the whole split's cost is scaled from them)
@@ -43,13 +44,14 @@ class Probe:
     def batch_speeds(self, model_cfg: ModelConfig, batches: tuple[int, ...] = BATCH_CANDIDATES
                      ) -> dict[int, float]:
         """Training target tokens/s at each batch size, smallest first, until a doubling no longer gains
-        10%, the device runs out of memory, or the next size would end past the deadline (the first size
-        is always measured)."""
+        10%, the device runs out of memory, or the next size would end past the deadline (the first
+        ALWAYS_TIMED sizes are measured whatever the deadline: on a 2-core CPU a doubling of a small
+        batch can gain a third, and a short budget's deadline would otherwise allow one size only)."""
         speeds: dict[int, float] = {}
         cost = 0.0  # of the last size measured; the next, twice the batch, costs about twice as much
         for size in batches:
             started = time.perf_counter()
-            if speeds and started + 2 * cost > self.deadline:
+            if len(speeds) >= ALWAYS_TIMED and started + 2 * cost > self.deadline:
                 break
             try:
                 speeds[size] = self.tokens_per_s(model_cfg, size)
