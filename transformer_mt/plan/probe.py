@@ -45,8 +45,8 @@ class Probe:
                      ) -> dict[int, float]:
         """Training target tokens/s at each batch size, smallest first, until a doubling no longer gains
         10%, the device runs out of memory, or the next size would end past the deadline (the first
-        ALWAYS_TIMED sizes are measured whatever the deadline: on a 2-core CPU a doubling of a small
-        batch can gain a third, and a short budget's deadline would otherwise allow one size only)."""
+        ALWAYS_TIMED sizes are measured whatever the deadline: a short budget's deadline would otherwise
+        allow one size, and the batch rule nothing to compare)."""
         speeds: dict[int, float] = {}
         cost = 0.0  # of the last size measured; the next, twice the batch, costs about twice as much
         for size in batches:
