@@ -18,9 +18,9 @@ from transformer_mt.checkpoint import TRAINED, CheckpointError, load_checkpoint,
 FAULT_RUN = {"training.save_every_steps": 1, "training.log_every": 1, "dataset.max_pairs": 400,
              "training.valid_max_sentences": 10, "training.batch_tokens": 768}
 REGULARISED = {"training.ema_decay": 0.9, "tokenizer.dropout": 0.1}
-# training.plan=auto with the run's length fixed by training.epochs (the budget is far away), so that the
-# plan does not depend on the probe's timing; the killed run reuses its saved plan when resumed.
-# A short budget keeps the probe (a share of it) short; the tiny run's epochs still end it first.
+# training.plan=auto with the run's length fixed by training.epochs (the tiny run ends long before its
+# budget, which is short so that the probe, a share of it, is too), so that the plan does not depend on
+# the probe's timing; the killed run reuses its saved plan when resumed.
 PLANNED = {"training.plan": "auto", "training.max_minutes": 5}
 VARIANTS = {"plain": {}, "regularised": REGULARISED, "planned": PLANNED}
 
