@@ -16,7 +16,7 @@ from tests.conftest import tiny_overrides
 from transformer_mt import plan as planning
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.composition import compose
-from transformer_mt.config import ConfigError, ModelConfig
+from transformer_mt.config import ConfigError, ModelConfig, TrainConfig
 from transformer_mt.errors import TrainingError
 from transformer_mt.plan import probe as probe_module
 from transformer_mt.plan import rules
@@ -27,9 +27,12 @@ PLANNED = {"training.plan": "auto", "training.max_minutes": 5}
 
 
 # -- the rules ---------------------------------------------------------------------------------------
-def test_the_batch_is_the_smallest_within_ten_percent_of_the_fastest() -> None:
-    assert rules.batch_tokens({512: 1000.0, 1024: 1050.0}) == 512  # a CPU: as fast at any size
-    assert rules.batch_tokens({512: 1000.0, 1024: 1900.0, 2048: 3500.0, 4096: 3700.0}) == 2048  # a GPU
+def test_the_batch_is_the_largest_with_as_many_updates_as_tokens() -> None:
+    assert rules.batch_tokens({512: 2866.0, 1024: 1539.0, 2048: 772.0}) == 1024  # 10 minutes
+    assert rules.batch_tokens({512: 800.0, 1024: 450.0}) == 512  # a shorter budget
+    assert rules.batch_tokens({512: 9000.0, 1024: 5000.0, 2048: 2800.0, 4096: 1400.0}) == 2048  # longer
+    assert rules.batch_tokens({512: 100.0, 1024: 50.0}) == 512  # none qualifies: the smallest
+    assert rules.batch_tokens({512: 2866.0, 1024: 1539.0}, batches_per_update=2) == 512  # 2 processes
 
 
 def test_dropout_grows_with_the_passes_over_the_data() -> None:
@@ -110,6 +113,30 @@ def test_the_probe_doubles_the_batch_while_it_gains_and_stops_at_its_deadline() 
     assert late.batch_speeds(ModelConfig()) == {512: 1e4, 1024: 2e4}
     with pytest.raises(TrainingError, match="does not fit on cpu .*choose a smaller model"):
         _Speeds({512: -1}).batch_speeds(ModelConfig())
+
+
+class _Length:
+    """A run length whose updates are `seconds` of training at the given tokens/s, one batch each."""
+
+    batches_per_update = 1
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def updates(self, batch_tokens: int, tokens_per_s: float) -> float:
+        return self.seconds * tokens_per_s / batch_tokens
+
+
+def test_the_plan_takes_unmeasured_larger_batches_as_fast_as_the_largest_measured() -> None:
+    planner = planning._Planner(TrainConfig(), set(), world_size=1)
+    cpu = _Speeds({512: 1000, 1024: 1040, 4096: 1050})  # stops after 1024: 2048 taken at 1040 tokens/s
+    assert planner.batch(cpu, ModelConfig(), _Length(5000))[0] == 2048  # type: ignore[arg-type]
+    assert planner.batch(cpu, ModelConfig(), _Length(1000))[0] == 512  # type: ignore[arg-type]
+    full = _Speeds({512: 1000, 1024: 2000, 2048: -1})  # 2048 runs out of memory: 1024 at most
+    assert planner.batch(full, ModelConfig(), _Length(5000))[0] == 1024  # type: ignore[arg-type]
+    assert full.too_large == 2048
+    yours = planning._Planner(TrainConfig(), {"training.batch_tokens"}, world_size=1)  # 4096 by default
+    assert yours.batch(cpu, ModelConfig(), _Length(5000)) == (4096, {4096: 1050})  # type: ignore[arg-type]
 
 
 def test_the_probe_starts_no_batch_size_that_would_end_past_its_deadline(

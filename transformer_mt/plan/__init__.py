@@ -163,6 +163,45 @@ def settle(cfg: TrainConfig, state: dict[str, Any] | None, data: PreparedData, d
     return plan.apply(cfg, chosen_by_you(cfg, overrides)), plan
 
 
+@dataclass
+class RunLength:
+    """How many updates and epochs the rest of the budget holds at a batch size and its tokens/s (or
+    the user's training.epochs, when they end the run first)."""
+
+    data: PreparedData
+    budget_s: float
+    started: float  # time.perf_counter() when planning began: the budget counts the probe
+    accumulate: int
+    world_size: int
+    pad: int
+    epochs: int | None  # the user's training.epochs, None when the budget ends the run
+    _epochs: dict[int, tuple[int, int]] = field(default_factory=dict, repr=False)
+
+    @property
+    def batches_per_update(self) -> int:
+        return self.accumulate * self.world_size
+
+    def epoch(self, batch_tokens: int) -> tuple[int, int]:
+        """(optimizer steps per epoch, target tokens per epoch) at this batch size."""
+        if batch_tokens not in self._epochs:
+            self._epochs[batch_tokens] = _epoch(self.data, batch_tokens, self.accumulate, self.world_size,
+                                                self.pad)
+        return self._epochs[batch_tokens]
+
+    def expect(self, batch_tokens: int, tokens_per_s: float) -> tuple[float, float, str]:
+        """(updates, epochs, what ends the run: "budget" or "epochs"), tokens_per_s of one process."""
+        steps_per_epoch, epoch_tokens = self.epoch(batch_tokens)
+        step_s = epoch_tokens / self.world_size / steps_per_epoch / tokens_per_s
+        train_s = (self.budget_s - (time.perf_counter() - self.started)) * (1 - rules.VALIDATION_SHARE)
+        epochs = train_s / step_s / steps_per_epoch
+        if self.epochs is not None and self.epochs < epochs:
+            return self.epochs * steps_per_epoch, float(self.epochs), "epochs"
+        return epochs * steps_per_epoch, epochs, "budget"
+
+    def updates(self, batch_tokens: int, tokens_per_s: float) -> float:
+        return self.expect(batch_tokens, tokens_per_s)[0]
+
+
 class _Planner:
     """Fills a Plan key by key: the user's value where they chose one, else the rule's."""
 
@@ -176,27 +215,33 @@ class _Planner:
         self.plan.sources[key], self.plan.reasons[key] = ("you", "") if mine else ("plan", why)
         return self.plan.values[key]
 
-    def batch(self, probe: Probe, model: ModelConfig) -> tuple[int, dict[int, float]]:
+    def batch(self, probe: Probe, model: ModelConfig, length: RunLength) -> tuple[int, dict[int, float]]:
         """The batch size, and the tokens/s measured for it (and for the others tried)."""
-        b = self.cfg.training.batch_tokens
-        speeds = {b: probe.tokens_per_s(model, b)} if "training.batch_tokens" in self.yours \
-            else probe.batch_speeds(model)
-        return self.pick("training.batch_tokens", rules.batch_tokens(speeds),
-                         "the smallest batch within 10% of the fastest tokens/s"), speeds
+        if "training.batch_tokens" in self.yours:
+            b = self.cfg.training.batch_tokens
+            return self.pick("training.batch_tokens", b, ""), {b: probe.tokens_per_s(model, b)}
+        speeds = probe.batch_speeds(model)
+        # a size past the largest measured is taken to train as fast as it: the probe stops where a
+        # doubling no longer pays (at its deadline, this underestimates); none past one out of memory
+        sizes = [b for b in rules.BATCH_CANDIDATES if min(speeds) <= b < (probe.too_large or math.inf)]
+        updates = {b: length.updates(b, speeds.get(b, speeds[max(speeds)])) for b in sizes}
+        b = rules.batch_tokens(updates, length.batches_per_update)
+        why = f"the largest whose {updates[b]:.0f} updates are at least its tokens per update"
+        return self.pick("training.batch_tokens", b, why), speeds
 
-    def shape(self, probe: Probe, data: PreparedData, budget_s: float
+    def shape(self, probe: Probe, data: PreparedData, budget_s: float, length: RunLength
               ) -> tuple[ModelConfig, int, dict[int, float]]:
         """The model's shape (unless chosen), its batch size and measured tokens/s."""
         if SHAPE[0] in self.yours:
             model, size = self.cfg.model, ""
-            batch, speeds = self.batch(probe, model)
+            batch, speeds = self.batch(probe, model, length)
         else:
             model = shape(rules.SIZES[0], self.cfg.model)
-            batch, speeds = self.batch(probe, model)
+            batch, speeds = self.batch(probe, model, length)
             size = _model_size(self.cfg, data, model, speeds[batch] * self.world_size, batch, budget_s)
             if size != rules.SIZES[0]:
                 model = shape(size, self.cfg.model)
-                batch, speeds = self.batch(probe, model)
+                batch, speeds = self.batch(probe, model, length)
         for key in SHAPE:
             self.pick(key, _get_model(model, key), f"{size}: the largest shape the budget trains on one "
                                                    "target token per parameter or more")
@@ -213,20 +258,17 @@ def make(cfg: TrainConfig, data: PreparedData, device: torch.device, amp: torch.
     pad = pad_to_multiple(t.pad_to_multiple, device, cfg.device.compile)  # as the run will pad
     sweep_s = BATCH_SWEEP_SHARE * PROBE_SHARE * budget_s  # the rest times one validation
     probe = Probe(data, device, amp, decode_amp, cfg.seed, started + sweep_s, pad, sweep_s / TIMED_SIZES)
-    model, batch, speeds = planner.shape(probe, data, budget_s)
+    length = RunLength(data, budget_s, started, t.accumulate, world_size, pad,
+                       t.epochs if "training.epochs" in planner.yours else None)
+    model, batch, speeds = planner.shape(probe, data, budget_s, length)
     loss_s, per_sentence = probe.validation_seconds(model, cfg.decoding, batch)
     smallest = loss_s + min(len(data.valid), rules.FEWEST_VALID_SENTENCES) * per_sentence
     if smallest > 0.25 * budget_s:
         least = math.ceil(4 * smallest / 60)
         raise TrainingError(f"training.max_minutes={t.max_minutes} is too short: one validation takes "
                             f"{smallest:.1f}s here; set at least training.max_minutes={least}")
-    steps_per_epoch, epoch_tokens = _epoch(data, batch, t.accumulate, world_size, pad)
-    step_s = epoch_tokens / world_size / steps_per_epoch / speeds[batch]
-    train_s = (budget_s - (time.perf_counter() - started)) * (1 - rules.VALIDATION_SHARE)
-    updates, epochs = train_s / step_s, train_s / step_s / steps_per_epoch
-    ends_by = "budget"
-    if "training.epochs" in planner.yours and t.epochs < epochs:
-        updates, epochs, ends_by = t.epochs * steps_per_epoch, float(t.epochs), "epochs"
+    updates, epochs, ends_by = length.expect(batch, speeds[batch])
+    steps_per_epoch = length.epoch(batch)[0]
     pick("training.epochs", UNTIL_THE_BUDGET, "the budget ends the run")
     pick("training.lr", rules.peak_lr(model.d_model), "2e-3 at d_model 256, × (256 / d_model)^0.5")
     pick("training.scheduler", "linear", "decays to 0 as the budget runs out")

@@ -15,16 +15,17 @@ from transformer_mt.checkpoint import build_model
 from transformer_mt.config import DecodingConfig, ModelConfig, SearchConfig
 from transformer_mt.data import PreparedData
 from transformer_mt.errors import TrainingError
-from transformer_mt.plan.rules import AS_FAST, BATCH_CANDIDATES
+from transformer_mt.plan.rules import BATCH_CANDIDATES
 from transformer_mt.runtime import rng_state, set_rng_state
 from transformer_mt.throughput import real_batches, synchronize, time_training
 from transformer_mt.translator import decode_ids
 from transformer_mt.validation import validation_loss
 
 STEPS = 4  # timed optimizer steps per batch size at least, after two untimed ones
-ALWAYS_TIMED = 2  # batch sizes measured whatever the deadline: the batch rule compares a doubling
+ALWAYS_TIMED = 2  # batch sizes measured whatever the deadline: the larger ones' speed is not a guess
 POOL = 64  # batches of the run's first epoch that the timed steps go round
 DECODED = 32  # validation sentences decoded to time one
+AS_FAST = 0.9  # a doubling that gains less than 10% tokens/s: the device is busy already, stop measuring
 LOSS_PAIRS = 500  # validation pairs whose loss is timed (the whole split's cost is scaled from them)
 
 
@@ -40,6 +41,7 @@ class Probe:
     deadline: float  # time.perf_counter() value: no batch size whose measurement would end later starts
     pad_to_multiple: int = 1  # the run's batch padding (runtime.pad_to_multiple), so that shapes match
     seconds_per_size: float = 0.0  # timed steps at one batch size go on this long (at least STEPS)
+    too_large: int | None = None  # the batch size that ran out of memory, if one did
 
     def batch_speeds(self, model_cfg: ModelConfig, batches: tuple[int, ...] = BATCH_CANDIDATES
                      ) -> dict[int, float]:
@@ -61,12 +63,13 @@ class Probe:
                     raise TrainingError(f"training.plan=auto: a {size}-token batch of this model does not "
                                         f"fit on {self.device} ({str(ex).splitlines()[0]}); choose a "
                                         "smaller model (model=small) or another device") from None
+                self.too_large = size
                 break
             finally:
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
             if len(speeds) > 1 and speeds[size] < speeds[size // 2] / AS_FAST:
-                break  # not 10% faster than half the batch: the device is busy already
+                break
         return speeds
 
     def tokens_per_s(self, model_cfg: ModelConfig, batch_tokens: int) -> float:

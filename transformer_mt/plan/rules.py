@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 
 BATCH_CANDIDATES = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
-AS_FAST = 0.9  # a batch within 10% of the fastest tokens/s trains as fast
 SIZES = ("small", "base")  # the planned model shapes, smallest first (`tiny` is for tests)
 VALIDATION_SHARE = 0.05  # of the budget, at most
 MOST_VALIDATIONS = 20
@@ -18,11 +17,13 @@ FEWEST_VALID_SENTENCES = 100
 EMA_UPDATES = 2000  # an EMA of decay 0.999 averages ~1,000 updates: with fewer it holds early weights
 
 
-def batch_tokens(speeds: dict[int, float]) -> int:
-    """The smallest batch whose training tokens/s is within 10% of the fastest measured: for the same
-    tokens it makes the most updates, and far from convergence more small updates win."""
-    fastest = max(speeds.values())
-    return min(b for b, speed in speeds.items() if speed >= AS_FAST * fastest)
+def batch_tokens(updates: dict[int, float], batches_per_update: int = 1) -> int:
+    """The largest batch that the budget still trains for at least as many updates as an update holds
+    tokens, i.e. about the square root of the tokens the budget trains: a longer budget or a faster
+    device earns larger batches, a short one keeps the updates it needs (the smallest size when none
+    qualifies). `updates`: the expected updates at each batch size; an update holds
+    `batches_per_update` batches (processes × accumulation)."""
+    return max((b for b, n in updates.items() if n >= b * batches_per_update), default=min(updates))
 
 
 def model_size(tokens: dict[str, float], params: dict[str, int]) -> str:
