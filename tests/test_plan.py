@@ -130,13 +130,13 @@ class _Length:
 def test_the_plan_takes_unmeasured_larger_batches_as_fast_as_the_largest_measured() -> None:
     planner = planning._Planner(TrainConfig(), set(), world_size=1)
     cpu = _Speeds({512: 1000, 1024: 1040, 4096: 1050})  # stops after 1024: 2048 taken at 1040 tokens/s
-    assert planner.batch(cpu, ModelConfig(), _Length(5000))[0] == 2048  # type: ignore[arg-type]
+    assert planner.batch(cpu, ModelConfig(), _Length(5000))[:2] == (2048, 1040)  # type: ignore[arg-type]
     assert planner.batch(cpu, ModelConfig(), _Length(1000))[0] == 512  # type: ignore[arg-type]
     full = _Speeds({512: 1000, 1024: 2000, 2048: -1})  # 2048 runs out of memory: 1024 at most
     assert planner.batch(full, ModelConfig(), _Length(5000))[0] == 1024  # type: ignore[arg-type]
     assert full.too_large == 2048
     yours = planning._Planner(TrainConfig(), {"training.batch_tokens"}, world_size=1)  # 4096 by default
-    assert yours.batch(cpu, ModelConfig(), _Length(5000)) == (4096, {4096: 1050})  # type: ignore[arg-type]
+    assert yours.batch(cpu, ModelConfig(), _Length(5000)) == (4096, 1050, {4096: 1050})  # type: ignore[arg-type]
 
 
 def test_the_probe_starts_no_batch_size_that_would_end_past_its_deadline(
@@ -182,7 +182,7 @@ def test_the_model_size_counts_the_tokens_of_every_process(corpus: Path, tmp_pat
     monkeypatch.setattr(rules, "model_size", lambda tokens, params: budgets.append(tokens) or "small")
     for world_size in (1, 2):
         planner = planning._Planner(cfg, set(), world_size)
-        planner.shape(_Speeds({512: 1000.0, 1024: 1000.0}), data, budget_s=600)
+        planner.shape(_Speeds({512: 1000.0, 1024: 1000.0}), data, 600, _Length(600))  # type: ignore[arg-type]
     one, two = budgets
     assert one["small"] > one["base"] > 0 and two == pytest.approx({k: 2 * v for k, v in one.items()})
 

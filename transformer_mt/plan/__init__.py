@@ -17,7 +17,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -163,6 +163,15 @@ def settle(cfg: TrainConfig, state: dict[str, Any] | None, data: PreparedData, d
     return plan.apply(cfg, chosen_by_you(cfg, overrides)), plan
 
 
+class Batch(NamedTuple):
+    """A planned batch size, its tokens/s (measured, or the largest measured size's), and the probe's
+    tokens/s at each size it measured."""
+
+    tokens: int
+    tokens_per_s: float
+    measured: dict[int, float]
+
+
 @dataclass
 class RunLength:
     """How many updates and epochs the rest of the budget holds at a batch size and its tokens/s (or
@@ -215,37 +224,40 @@ class _Planner:
         self.plan.sources[key], self.plan.reasons[key] = ("you", "") if mine else ("plan", why)
         return self.plan.values[key]
 
-    def batch(self, probe: Probe, model: ModelConfig, length: RunLength) -> tuple[int, dict[int, float]]:
-        """The batch size, and the tokens/s measured for it (and for the others tried)."""
+    def batch(self, probe: Probe, model: ModelConfig, length: RunLength) -> Batch:
+        """The batch size, its tokens/s and what the probe measured."""
         if "training.batch_tokens" in self.yours:
             b = self.cfg.training.batch_tokens
-            return self.pick("training.batch_tokens", b, ""), {b: probe.tokens_per_s(model, b)}
-        speeds = probe.batch_speeds(model)
+            speed = probe.tokens_per_s(model, b)
+            return Batch(self.pick("training.batch_tokens", b, ""), speed, {b: speed})
+        measured = probe.batch_speeds(model)
         # a size past the largest measured is taken to train as fast as it: the probe stops where a
         # doubling no longer pays (at its deadline, this underestimates); none past one out of memory
-        sizes = [b for b in rules.BATCH_CANDIDATES if min(speeds) <= b < (probe.too_large or math.inf)]
-        updates = {b: length.updates(b, speeds.get(b, speeds[max(speeds)])) for b in sizes}
+        sizes = [b for b in rules.BATCH_CANDIDATES if min(measured) <= b < (probe.too_large or math.inf)]
+        speeds = {b: measured.get(b, measured[max(measured)]) for b in sizes}
+        updates = {b: length.updates(b, speed) for b, speed in speeds.items()}
         b = rules.batch_tokens(updates, length.batches_per_update)
         why = f"the largest whose {updates[b]:.0f} updates are at least its tokens per update"
-        return self.pick("training.batch_tokens", b, why), speeds
+        return Batch(self.pick("training.batch_tokens", b, why), speeds[b], measured)
 
     def shape(self, probe: Probe, data: PreparedData, budget_s: float, length: RunLength
-              ) -> tuple[ModelConfig, int, dict[int, float]]:
-        """The model's shape (unless chosen), its batch size and measured tokens/s."""
+              ) -> tuple[ModelConfig, Batch]:
+        """The model's shape (unless chosen) and its batch."""
         if SHAPE[0] in self.yours:
             model, size = self.cfg.model, ""
-            batch, speeds = self.batch(probe, model, length)
+            batch = self.batch(probe, model, length)
         else:
             model = shape(rules.SIZES[0], self.cfg.model)
-            batch, speeds = self.batch(probe, model, length)
-            size = _model_size(self.cfg, data, model, speeds[batch] * self.world_size, batch, budget_s)
+            batch = self.batch(probe, model, length)
+            size = _model_size(self.cfg, data, model, batch.tokens_per_s * self.world_size, batch.tokens,
+                               budget_s)
             if size != rules.SIZES[0]:
                 model = shape(size, self.cfg.model)
-                batch, speeds = self.batch(probe, model, length)
+                batch = self.batch(probe, model, length)
         for key in SHAPE:
             self.pick(key, _get_model(model, key), f"{size}: the largest shape the budget trains on one "
                                                    "target token per parameter or more")
-        return model, batch, speeds
+        return model, batch
 
 
 def make(cfg: TrainConfig, data: PreparedData, device: torch.device, amp: torch.dtype | None,
@@ -260,14 +272,14 @@ def make(cfg: TrainConfig, data: PreparedData, device: torch.device, amp: torch.
     probe = Probe(data, device, amp, decode_amp, cfg.seed, started + sweep_s, pad, sweep_s / TIMED_SIZES)
     length = RunLength(data, budget_s, started, t.accumulate, world_size, pad,
                        t.epochs if "training.epochs" in planner.yours else None)
-    model, batch, speeds = planner.shape(probe, data, budget_s, length)
+    model, (batch, speed, speeds) = planner.shape(probe, data, budget_s, length)
     loss_s, per_sentence = probe.validation_seconds(model, cfg.decoding, batch)
     smallest = loss_s + min(len(data.valid), rules.FEWEST_VALID_SENTENCES) * per_sentence
     if smallest > 0.25 * budget_s:
         least = math.ceil(4 * smallest / 60)
         raise TrainingError(f"training.max_minutes={t.max_minutes} is too short: one validation takes "
                             f"{smallest:.1f}s here; set at least training.max_minutes={least}")
-    updates, epochs, ends_by = length.expect(batch, speeds[batch])
+    updates, epochs, ends_by = length.expect(batch, speed)
     steps_per_epoch = length.epoch(batch)[0]
     pick("training.epochs", UNTIL_THE_BUDGET, "the budget ends the run")
     pick("training.lr", rules.peak_lr(model.d_model), "2e-3 at d_model 256, × (256 / d_model)^0.5")
@@ -286,7 +298,7 @@ def make(cfg: TrainConfig, data: PreparedData, device: torch.device, amp: torch.
     pick("training.average_last", rules.average_last(ema, t.keep_last),
          "with EMA: kept only if validation does not drop" if ema else "without EMA the average loses")
     planner.plan.measured = {
-        "tokens_per_s": speeds[batch], "batch_speeds": {str(k): round(v) for k, v in speeds.items()},
+        "tokens_per_s": speed, "batch_speeds": {str(k): round(v) for k, v in speeds.items()},
         "updates": updates, "epochs": epochs, "steps_per_epoch": steps_per_epoch, "ends_by": ends_by,
         "validation_seconds": validation_s, "probe_seconds": time.perf_counter() - started}
     return planner.plan
