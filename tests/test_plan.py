@@ -121,7 +121,7 @@ class _Length:
     batches_per_update = 1
 
     def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
+        self.seconds = self.budget_s = seconds
 
     def updates(self, batch_tokens: int, tokens_per_s: float) -> float:
         return self.seconds * tokens_per_s / batch_tokens
@@ -182,7 +182,7 @@ def test_the_model_size_counts_the_tokens_of_every_process(corpus: Path, tmp_pat
     monkeypatch.setattr(rules, "model_size", lambda tokens, params: budgets.append(tokens) or "small")
     for world_size in (1, 2):
         planner = planning._Planner(cfg, set(), world_size)
-        planner.shape(_Speeds({512: 1000.0, 1024: 1000.0}), data, 600, _Length(600))  # type: ignore[arg-type]
+        planner.shape(_Speeds({512: 1000.0, 1024: 1000.0}), data, _Length(600))  # type: ignore[arg-type]
     one, two = budgets
     assert one["small"] > one["base"] > 0 and two == pytest.approx({k: 2 * v for k, v in one.items()})
 

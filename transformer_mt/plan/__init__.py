@@ -240,8 +240,7 @@ class _Planner:
         why = f"the largest whose {updates[b]:.0f} updates are at least its tokens per update"
         return Batch(self.pick("training.batch_tokens", b, why), speeds[b], measured)
 
-    def shape(self, probe: Probe, data: PreparedData, budget_s: float, length: RunLength
-              ) -> tuple[ModelConfig, Batch]:
+    def shape(self, probe: Probe, data: PreparedData, length: RunLength) -> tuple[ModelConfig, Batch]:
         """The model's shape (unless chosen) and its batch."""
         if SHAPE[0] in self.yours:
             model, size = self.cfg.model, ""
@@ -250,7 +249,7 @@ class _Planner:
             model = shape(rules.SIZES[0], self.cfg.model)
             batch = self.batch(probe, model, length)
             size = _model_size(self.cfg, data, model, batch.tokens_per_s * self.world_size, batch.tokens,
-                               budget_s)
+                               length.budget_s)
             if size != rules.SIZES[0]:
                 model = shape(size, self.cfg.model)
                 batch = self.batch(probe, model, length)
@@ -272,7 +271,7 @@ def make(cfg: TrainConfig, data: PreparedData, device: torch.device, amp: torch.
     probe = Probe(data, device, amp, decode_amp, cfg.seed, started + sweep_s, pad, sweep_s / TIMED_SIZES)
     length = RunLength(data, budget_s, started, t.accumulate, world_size, pad,
                        t.epochs if "training.epochs" in planner.yours else None)
-    model, (batch, speed, speeds) = planner.shape(probe, data, budget_s, length)
+    model, (batch, speed, speeds) = planner.shape(probe, data, length)
     loss_s, per_sentence = probe.validation_seconds(model, cfg.decoding, batch)
     smallest = loss_s + min(len(data.valid), rules.FEWEST_VALID_SENTENCES) * per_sentence
     if smallest > 0.25 * budget_s:
