@@ -54,6 +54,7 @@ def test_resume_continues_with_the_same_schedule(tiny_run_copy: Path, corpus: Pa
     with caplog.at_level("INFO"):
         tmt.train([f"resume={tiny_run_copy}", "training.epochs=3"])
     assert "resumed at epoch 3" in caplog.text
+    assert "resumed at epoch 3" in (tiny_run_copy / "train.log").read_text()  # the API logs as the CLI does
     after = load_checkpoint(tiny_run_copy / "latest.pt")
     assert after["epoch"] == 3
     assert after["step"] > before["step"]

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -13,6 +15,8 @@ from transformer_mt.config import TrainConfig
 from transformer_mt.trainer import Trainer
 
 log = logging.getLogger(__name__)
+LOG_FILE = "train.log"  # the name Hydra's job logging gives it on the command line
+LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # and its format
 
 
 def train(cfg: TrainConfig) -> float:
@@ -22,9 +26,40 @@ def train(cfg: TrainConfig) -> float:
     multirun = hydra_cfg is not None and hydra_cfg.mode == RunMode.MULTIRUN
     job = hydra_cfg.job.num if multirun else None
     run_dir = Path(cfg.checkpoint.dir).expanduser().resolve()  # Hydra's, unless given (resolvers.py)
-    trainer = Trainer(cfg, run_dir, overrides, job)
-    best = trainer.fit()
+    with _log_file(run_dir):
+        trainer = Trainer(cfg, run_dir, overrides, job)
+        best = trainer.fit()
     if trainer.interrupt.requested and multirun:
         log.warning("sweep interrupted: the remaining jobs were not started")  # Ctrl-C stops the sweep
         raise SystemExit(130)
     return best
+
+
+@contextlib.contextmanager
+def _log_file(run_dir: Path) -> Iterator[None]:
+    """The run's log, train.log in its directory: Hydra's job logging writes it on the command line; from
+    the Python API the package's records of INFO and above are appended to it here."""
+    path = (run_dir / LOG_FILE).resolve()
+    if any(isinstance(h, logging.FileHandler) and Path(h.baseFilename).resolve() == path
+           for h in logging.getLogger().handlers):
+        yield
+        return
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        handler: logging.Handler | None = logging.FileHandler(path, encoding="utf-8")
+    except OSError:  # the Trainer's check of the directory then says what to change
+        handler = None
+    if handler is None:
+        yield
+        return
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    package = logging.getLogger("transformer_mt")
+    level = package.level
+    package.setLevel(min(package.getEffectiveLevel(), logging.INFO))
+    package.addHandler(handler)
+    try:
+        yield
+    finally:
+        package.removeHandler(handler)
+        package.setLevel(level)
+        handler.close()
