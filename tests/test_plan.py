@@ -27,8 +27,9 @@ PLANNED = {"training.plan": "auto", "training.max_minutes": 5}
 
 
 # -- the rules ---------------------------------------------------------------------------------------
-def test_the_batch_is_the_largest_with_as_many_updates_as_tokens() -> None:
+def test_the_batch_is_the_largest_with_a_tenth_more_updates_than_tokens() -> None:
     assert rules.batch_tokens({512: 2866.0, 1024: 1539.0, 2048: 772.0}) == 1024  # 10 minutes
+    assert rules.batch_tokens({512: 7200.0, 1024: 3861.0, 2048: 2055.0}) == 1024  # 2048: too close to call
     assert rules.batch_tokens({512: 800.0, 1024: 450.0}) == 512  # a shorter budget
     assert rules.batch_tokens({512: 9000.0, 1024: 5000.0, 2048: 2800.0, 4096: 1400.0}) == 2048  # longer
     assert rules.batch_tokens({512: 100.0, 1024: 50.0}) == 512  # none qualifies: the smallest

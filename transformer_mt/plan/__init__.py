@@ -237,7 +237,8 @@ class _Planner:
         speeds = {b: measured.get(b, measured[max(measured)]) for b in sizes}
         updates = {b: length.updates(b, speed) for b, speed in speeds.items()}
         b = rules.batch_tokens(updates, length.batches_per_update)
-        why = f"the largest whose {updates[b]:.0f} updates are at least its tokens per update"
+        why = (f"the largest whose {updates[b]:.0f} updates are at least {rules.UPDATES_TO_SPARE} × its "
+               "tokens per update")
         return Batch(self.pick("training.batch_tokens", b, why), speeds[b], measured)
 
     def shape(self, probe: Probe, data: PreparedData, length: RunLength) -> tuple[ModelConfig, Batch]:
