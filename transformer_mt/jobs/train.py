@@ -39,20 +39,10 @@ def train(cfg: TrainConfig) -> float:
 def _log_file(run_dir: Path) -> Iterator[None]:
     """The run's log, train.log in its directory: Hydra's job logging writes it on the command line; from
     the Python API the package's records of INFO and above are appended to it here."""
-    path = (run_dir / LOG_FILE).resolve()
-    if any(isinstance(h, logging.FileHandler) and Path(h.baseFilename).resolve() == path
-           for h in logging.getLogger().handlers):
-        yield
-        return
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        handler: logging.Handler | None = logging.FileHandler(path, encoding="utf-8")
-    except OSError:  # the Trainer's check of the directory then says what to change
-        handler = None
+    handler = _api_log(run_dir)
     if handler is None:
         yield
         return
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
     package = logging.getLogger("transformer_mt")
     level = package.level
     package.setLevel(min(package.getEffectiveLevel(), logging.INFO))
@@ -63,3 +53,19 @@ def _log_file(run_dir: Path) -> Iterator[None]:
         package.removeHandler(handler)
         package.setLevel(level)
         handler.close()
+
+
+def _api_log(run_dir: Path) -> logging.Handler | None:
+    """A handler appending to the run's train.log, or None where Hydra's already does (or the directory
+    cannot be made: the Trainer's check of it then says what to change)."""
+    path = (run_dir / LOG_FILE).resolve()
+    if any(isinstance(h, logging.FileHandler) and Path(h.baseFilename).resolve() == path
+           for h in logging.getLogger().handlers):
+        return None
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(path, encoding="utf-8")
+    except OSError:
+        return None
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    return handler
