@@ -18,8 +18,9 @@ from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.composition import compose
 from transformer_mt.config import ConfigError, ModelConfig, TrainConfig
 from transformer_mt.errors import TrainingError
+from transformer_mt.plan import calibration, rules
 from transformer_mt.plan import probe as probe_module
-from transformer_mt.plan import rules
+from transformer_mt.plan.calibration import Calibration
 from transformer_mt.plan.probe import Probe
 
 # A short budget keeps the probe (a share of it) short; the tiny run's epochs still end it first.
@@ -27,9 +28,10 @@ PLANNED = {"training.plan": "auto", "training.max_minutes": 5}
 
 
 # -- the rules ---------------------------------------------------------------------------------------
-def test_the_batch_is_the_largest_with_a_tenth_more_updates_than_tokens() -> None:
+def test_the_batch_is_the_largest_with_as_many_updates_as_tokens() -> None:
     assert rules.batch_tokens({512: 2866.0, 1024: 1539.0, 2048: 772.0}) == 1024  # 10 minutes
-    assert rules.batch_tokens({512: 7200.0, 1024: 3861.0, 2048: 2055.0}) == 1024  # 2048: too close to call
+    assert rules.batch_tokens({512: 7200.0, 1024: 4343.0, 2048: 1989.0}) == 1024  # 40 minutes
+    assert rules.batch_tokens({512: 2046.0, 1024: 1087.0}) == 1024  # on the line
     assert rules.batch_tokens({512: 800.0, 1024: 450.0}) == 512  # a shorter budget
     assert rules.batch_tokens({512: 9000.0, 1024: 5000.0, 2048: 2800.0, 4096: 1400.0}) == 2048  # longer
     assert rules.batch_tokens({512: 100.0, 1024: 50.0}) == 512  # none qualifies: the smallest
@@ -131,13 +133,14 @@ class _Length:
 def test_the_plan_takes_unmeasured_larger_batches_as_fast_as_the_largest_measured() -> None:
     planner = planning._Planner(TrainConfig(), set(), world_size=1)
     cpu = _Speeds({512: 1000, 1024: 1040, 4096: 1050})  # stops after 1024: 2048 taken at 1040 tokens/s
-    assert planner.batch(cpu, ModelConfig(), _Length(5000))[:2] == (2048, 1040)  # type: ignore[arg-type]
+    planned = planner.batch(cpu, ModelConfig(), _Length(5000))  # type: ignore[arg-type]
+    assert planned[:2] == (2048, 1040) and planned.weighed[4096] == 1040  # what a check of it rescales
     assert planner.batch(cpu, ModelConfig(), _Length(1000))[0] == 512  # type: ignore[arg-type]
     full = _Speeds({512: 1000, 1024: 2000, 2048: -1})  # 2048 runs out of memory: 1024 at most
     assert planner.batch(full, ModelConfig(), _Length(5000))[0] == 1024  # type: ignore[arg-type]
     assert full.too_large == 2048
     yours = planning._Planner(TrainConfig(), {"training.batch_tokens"}, world_size=1)  # 4096 by default
-    assert yours.batch(cpu, ModelConfig(), _Length(5000)) == (4096, 1050, {4096: 1050})  # type: ignore[arg-type]
+    assert yours.batch(cpu, ModelConfig(), _Length(5000)) == (4096, 1050, {4096: 1050}, {4096: 1050})  # type: ignore[arg-type]
 
 
 def test_the_probe_starts_no_batch_size_that_would_end_past_its_deadline(
@@ -186,6 +189,112 @@ def test_the_model_size_counts_the_tokens_of_every_process(corpus: Path, tmp_pat
         planner.shape(_Speeds({512: 1000.0, 1024: 1000.0}), data, _Length(600))  # type: ignore[arg-type]
     one, two = budgets
     assert one["small"] > one["base"] > 0 and two == pytest.approx({k: 2 * v for k, v in one.items()})
+
+
+# -- the batch checked against training --------------------------------------------------------------
+class _Epochs:
+    """A run length whose updates hold 0.8 target tokens per batch token, in epochs of 10,000 updates."""
+
+    batches_per_update, budget_s = 1, 600.0
+
+    def update_tokens(self, batch_tokens: int) -> float:
+        return 0.8 * batch_tokens
+
+    def epoch(self, batch_tokens: int) -> tuple[int, int]:
+        return 10_000, 0
+
+
+def _probed(batch: int = 512, **values: object) -> planning.Plan:
+    """A plan made as the probe saw the machine: 1,500 tokens/s at every size."""
+    keys = {"training.batch_tokens": batch, "training.valid_every_steps": 300, **values}
+    return planning.Plan(keys, sources=dict.fromkeys(keys, "plan"), measured={
+        "tokens_per_s": 1500.0, "speeds": {"512": 1500.0, "1024": 1500.0, "2048": 1500.0},
+        "ends_by": "budget", "validation_seconds": 3.0, "batch_speeds": {"512": 1500, "1024": 1500},
+        "probe_seconds": 1.0, "updates": 2000.0, "epochs": 1.0, "steps_per_epoch": 2000})
+
+
+def _timed(check: Calibration, speed: float, seconds: float) -> Calibration:
+    """Observe steps of one second at `speed` tokens/s for `seconds` (after the untimed first steps)."""
+    clock, tokens = 0.0, 0
+    for _ in range(calibration.SKIPPED_STEPS + int(seconds)):  # step k is timed from observation k - 1
+        check.observe(clock, tokens)
+        clock, tokens = clock + 1, tokens + int(speed)
+    return check
+
+
+def test_the_batch_follows_the_speed_training_measures_not_the_probes() -> None:
+    check = _timed(Calibration(_probed(), _Epochs()), speed=1950.0, seconds=56)  # type: ignore[arg-type]
+    assert not check.ready  # a tenth of the training seconds of a 600-s budget: 57
+    check = _timed(Calibration(_probed(), _Epochs()), speed=1950.0, seconds=60)  # type: ignore[arg-type]
+    assert check.ready and check.seconds == 60 and check.tokens == 60 * 1950
+    # At the probe's 1,500 tokens/s, 1,024 would make (150 × 409.6 + 484.5 × 1,500) / 819.2 = 962 updates
+    checked = check.decide(used_s=90.0, steps=150)
+    assert checked.values["training.batch_tokens"] == 1024
+    assert checked.measured["calibrated"]["updates"] == {"512": 2457, "1024": 1228, "2048": 614}
+    assert checked.values["training.valid_every_steps"] == 200  # 10 validations of 3 s in 5% of 600 s
+    assert "at the speed of training" in checked.reasons["training.batch_tokens"]
+    assert "checked at step 150 on 60s of training at 1950" in checked.table()
+    assert "512 → 1024" in checked.table()
+    slow = _timed(Calibration(_probed(), _Epochs()), speed=1500.0, seconds=60)  # type: ignore[arg-type]
+    kept = slow.decide(used_s=90.0, steps=150)
+    assert kept.values["training.batch_tokens"] == 512 and "kept 512" in planning.calibrated(kept)
+
+
+def test_validation_and_checkpoints_are_not_timed_as_training() -> None:
+    check = _timed(Calibration(_probed(), _Epochs()), speed=1000.0, seconds=10)  # type: ignore[arg-type]
+    last, tokens = check._last  # type: ignore[misc]
+    check.pause()  # a validation: 100 s pass, then a step of 1 s
+    check.observe(last + 101, tokens + 1000)
+    check.observe(last + 102, tokens + 2000)
+    assert (check.seconds, check.tokens) == (11, 11_000) and not check.ready  # 57 s make it ready
+
+
+def test_only_a_batch_the_plan_chose_for_a_budget_is_checked_once() -> None:
+    assert calibration.needed(_probed(), [])
+    assert not calibration.needed(None, [])
+    assert not calibration.needed(_probed(), ["training.batch_tokens=1024"])  # named on a resume
+    yours = _probed()
+    yours.sources["training.batch_tokens"] = "you"
+    fixed, done, old = _probed(), _probed(), _probed()
+    fixed.measured["ends_by"] = "epochs"  # training.epochs ends the run: it must not depend on timing
+    done.measured["calibrated"] = {}
+    del old.measured["speeds"]  # a plan saved before the check existed
+    assert not any(calibration.needed(p, []) for p in (yours, fixed, done, old))
+    assert Calibration.position(50, 100, 60, accumulate=1) == 30
+    assert Calibration.position(50, 100, 60, accumulate=4) == 28
+
+
+def test_a_run_goes_on_at_the_checked_batch_and_resumes_at_it(
+        corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The tiny run's epochs end it and its config sets the batch: here the batch is the plan's, the check
+    is due after the first timed step, and it halves the batch."""
+    import shutil
+
+    monkeypatch.setattr(calibration, "needed", lambda plan, overrides: True)
+    monkeypatch.setattr(calibration, "CHECKED_SHARE", 0.0)
+    monkeypatch.setattr(rules, "batch_tokens", lambda updates, per_update: 512)
+    monkeypatch.setattr(planning, "make", lambda *a, **k: _probed(1024, **{"training.epochs": 2}))
+    monkeypatch.setattr(planning, "chosen_by_you", lambda cfg, overrides: {"training.epochs"})
+    run_dir = tmp_path / "run"
+    with caplog.at_level(logging.INFO):
+        tmt.train(tiny_overrides(corpus, run_dir, **PLANNED))
+    assert "the plan's batch, checked at step 6 " in caplog.text and "1024 → 512" in caplog.text
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["plan"]["values"]["training.batch_tokens"] == 512
+    assert result["plan"]["measured"]["calibrated"]["at_step"] == 6
+    saved = load_checkpoint(run_dir / "latest.pt")
+    assert saved["config"]["training"]["batch_tokens"] == 512 and saved["plan"] == result["plan"]
+    # an epoch is 12 batches of 1,024 tokens or 24 of 512: 6 steps, the other half of epoch 1, epoch 2
+    assert "epoch 1: 12 batches" in caplog.text and "epoch 1: 24 batches" in caplog.text
+    assert result["steps"] == 6 + 12 + 24
+
+    monkeypatch.setattr(Calibration, "decide", lambda *a: pytest.fail("a resumed run checked again"))
+    resumed = Path(shutil.copytree(run_dir, tmp_path / "resumed"))
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        tmt.train([f"resume={resumed}", "training.epochs=3"])
+    assert "epoch 3 step 66 (batch 24/24)" in caplog.text  # 24 batches of 512 tokens
 
 
 # -- a planned run ---------------------------------------------------------------------------------

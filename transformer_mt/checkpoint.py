@@ -213,6 +213,18 @@ def check_resumable(state: dict[str, Any], model: Transformer, world_size: int) 
             "processes, or from an epoch checkpoint (epoch_NNN.pt)")
 
 
+def restore_training(state: dict[str, Any], model: Transformer, world_size: int, ema: Any = None,
+                     **stateful: Any) -> None:
+    """Load what training continues from (check_resumable): the weights, the EMA average (if the run
+    keeps one), and each of `stateful` (optimizer, scheduler, ...) from the entry of its name."""
+    check_resumable(state, model, world_size)
+    model.load_state_dict(trained_weights(state))
+    if ema:
+        ema.restore(state, model)
+    for name, part in stateful.items():
+        part.load_state_dict(state[name])
+
+
 def model_from_checkpoint(path: str | Path) -> tuple[Path, dict[str, Any], Transformer, Vocabulary]:
     """(file, state, model in eval mode, tokenizer) rebuilt from a checkpoint file or run directory."""
     file = resolve_checkpoint(path)

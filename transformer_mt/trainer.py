@@ -50,8 +50,8 @@ from transformer_mt.tokenizer import Vocabulary
 from transformer_mt.validation import Validator
 
 log = logging.getLogger(__name__)
-AVERAGED = "averaged.pt"
 INTERRUPTED = "interrupted"
+RESIZED = "resized"  # the plan's batch changed: the epoch goes on in batches of the new size
 
 
 class Trainer:
@@ -94,6 +94,7 @@ class Trainer:
         self.epochs = TrainingEpochs(self.data.train, t.batch_tokens, cfg.seed, subwords, pad,
                                      self.data.mixture)
         self.clock = TrainingClock(t.max_minutes, plan.seconds(self.plan), clock)  # before the schedule
+        self.calibration = plan.batch_check(self.plan, cfg, self.data, pad, self.world.size, overrides)
         # This rank's batches per epoch: epoch 0's even when resuming (re-segmented or re-drawn epochs differ)
         self.epoch_batches = self.epochs(0)[1].num_batches(self.world.size)
         steps = math.ceil(self.epoch_batches / t.accumulate) * t.epochs
@@ -128,13 +129,8 @@ class Trainer:
 
     def _restore(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint: weights, optimizer, schedule, scaler, position, clock and RNG."""
-        ckpt.check_resumable(state, self.model, self.world.size)
-        self.model.load_state_dict(ckpt.trained_weights(state))
-        if self.ema:
-            self.ema.restore(state, self.model)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
+        ckpt.restore_training(state, self.model, self.world.size, self.ema, optimizer=self.optimizer,
+                              scheduler=self.scheduler, scaler=self.scaler)
         self.epoch, self.batch_in_epoch, self.step = state["epoch"], state["batch_in_epoch"], state["step"]
         self.best, self.bad_epochs = state["best"], state["bad_epochs"]
         if self.best["metric"] != self.cfg.training.best_metric:  # another metric: its best starts anew
@@ -161,15 +157,18 @@ class Trainer:
                 reason = self._validate_and_save() or reason  # validate where the run would have
             while not reason:
                 reason = self.train_epoch()
-                if reason != INTERRUPTED and not self.validated_at_step:  # the epoch's end, or a stop
+                if reason not in (INTERRUPTED, RESIZED) and not self.validated_at_step:  # an end, or a stop
                     reason = self._validate_and_save() or reason
+                reason = "" if reason == RESIZED else reason
         if reason == INTERRUPTED:
             self._save(tag="interrupt")
             log.warning("stopped; continue with: transformer-mt train resume=%s", self.run_dir)
             return self._best_value()
         log.info("stopping: %s", reason)
-        if t.average_last >= 2 and self.world.is_main:
-            self._average_last(t.average_last)
+        if t.average_last >= 2 and self.world.is_main:  # kept as best.pt if validation agrees
+            epoch = self.epoch + (1 if self.batch_in_epoch else 0)
+            self.best = self.validate.keep_average(self.run_dir, t.average_last, self.best, self.step, epoch,
+                                                   self.clock.seconds / 60) or self.best
         self._report()
         log.info("best %s %.2f at epoch %s, step %s; checkpoints in %s", t.best_metric, self._best_value(),
                  self.best["epoch"], self.best.get("step"), self.run_dir)
@@ -253,6 +252,8 @@ class Trainer:
             flag, self.clock.seconds = distributed.all_max([float(self.interrupt.requested),
                                                            self.clock.seconds], self.world)
             self.interrupt.requested = flag > 0
+        if self.calibration:
+            self.calibration.observe(self.clock.seconds, self.session_tokens)
         self.scaler.unscale_(self.optimizer)
         grad_norm = clip_gradients(self.model, self.cfg.training.clip_grad_norm)
         bad = self.tally.end_step(grad_norm, grad_counts=not self.scaler.is_enabled())
@@ -264,7 +265,7 @@ class Trainer:
             self.ema.update(self.model)
 
     def _after_step(self) -> str:
-        """Validate or save when the step calls for it; then whether to stop."""
+        """Validate or save when the step calls for it; then whether to stop (or to change the batch)."""
         t = self.cfg.training
         validate_now = t.valid_every_steps and self.step % t.valid_every_steps == 0
         if validate_now and self.batch_in_epoch < self.epoch_batches:  # (else the epoch's own follows)
@@ -273,7 +274,25 @@ class Trainer:
             return reason or self.should_stop()
         if not validate_now and t.save_every_steps and self.step % t.save_every_steps == 0:
             self._save(tag="latest")
+        if self.calibration and self.calibration.ready and self.batch_in_epoch < self.epoch_batches:
+            return self.should_stop() or self._check_batch()
         return self.should_stop()
+
+    def _check_batch(self) -> str:
+        """Check the plan's batch against the run's own speed, once (plan/calibration.py); at another
+        size, the epoch goes on from the same share of its batches in the new size (RESIZED)."""
+        check, self.calibration = self.calibration, None
+        checked = check.decide(self.clock.seconds, self.step) if self.world.is_main else None
+        self.plan = distributed.from_main(checked, self.world)
+        log.info("the plan's batch, %s", plan.calibrated(self.plan))
+        t, size = self.cfg.training, self.plan.values["training.batch_tokens"]
+        if size == t.batch_tokens:
+            return ""
+        t.batch_tokens, t.valid_every_steps = size, self.plan.values["training.valid_every_steps"]
+        self.epochs, before = self.epochs.resized(size), self.epoch_batches
+        self.epoch_batches = self.epochs(self.epoch)[1].num_batches(self.world.size)
+        self.batch_in_epoch = check.position(self.batch_in_epoch, before, self.epoch_batches, t.accumulate)
+        return RESIZED
 
     def _read_tally(self) -> float:
         """Read the device's tally into the progress window (one host synchronisation); the last gradient
@@ -322,27 +341,6 @@ class Trainer:
                                       "step": self.step}, 0
         return True
 
-    def _average_last(self, k: int) -> None:
-        """Average the last k checkpoints; keep the result as best.pt only if validation agrees."""
-        paths = ckpt.numbered_checkpoints(self.run_dir)[-k:]
-        if len(paths) < 2:
-            log.info("checkpoint averaging skipped: only %d checkpoint(s) to average", len(paths))
-            return
-        name = self.cfg.training.best_metric
-        epoch = self.epoch + (1 if self.batch_in_epoch else 0)
-        state, value = self.validate.average(paths, self.step, epoch, self.clock.seconds / 60, name)
-        best = self.best["value"]
-        keep = improves(name, value, best, ties=True)
-        log.info("average of %s: valid %s %.2f vs best single checkpoint %.2f: %s",
-                 ", ".join(p.name for p in paths), name, value, self._best_value(),
-                 "kept as best.pt" if keep else "discarded")
-        self.records.scalars("valid", {f"averaged_{name}_gain": value - (best or 0.0)}, self.step)
-        if keep:
-            state["best"] = self.best = {"metric": name, "value": value, "epoch": epoch, "step": self.step,
-                                         "averaged": len(paths)}
-            ckpt.save_checkpoint(state, self.run_dir / AVERAGED)
-            ckpt.link_checkpoint(self.run_dir / AVERAGED, self.run_dir / ckpt.BEST)
-
     def _best_value(self) -> float:
         return float("nan") if self.best["value"] is None else float(self.best["value"])
 
@@ -350,6 +348,8 @@ class Trainer:
         """Write a checkpoint (rank 0): numbered for 'epoch'/'step' (the last keep_last are kept and
         averaged at the end), else only latest.pt."""
         self._read_tally()
+        if self.calibration:  # the next step's time is not training's
+            self.calibration.pause()
         if not self.world.is_main:
             return
         state = {

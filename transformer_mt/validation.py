@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from transformer_mt.checkpoint import average_checkpoints
+from transformer_mt import checkpoint as ckpt
 from transformer_mt.config import DecodingConfig, TrainConfig
 from transformer_mt.data import EncodedSplit, TokenBatchSampler
 from transformer_mt.loss import summed_nll
-from transformer_mt.metrics import Scores, score
+from transformer_mt.metrics import Scores, improves, score
 from transformer_mt.model import Transformer
 from transformer_mt.records import RunRecords
 from transformer_mt.runtime import autocast, precision
@@ -30,6 +30,7 @@ from transformer_mt.tokenizer import Vocabulary
 from transformer_mt.translator import decode_ids
 
 log = logging.getLogger(__name__)
+AVERAGED = "averaged.pt"
 
 
 @dataclass
@@ -102,13 +103,36 @@ class Validator:
                 metric: str) -> tuple[dict[str, Any], float]:
         """Validate the average of the checkpoints at paths (as "averaged"); the averaged checkpoint and
         its metric. The model gets its own weights back afterwards."""
-        state = average_checkpoints(paths)
+        state = ckpt.average_checkpoints(paths)
         own = {name: value.clone() for name, value in self.model.state_dict().items()}
         self.model.load_state_dict(state["model"])
         try:
             return state, self(step, epoch, train_minutes, label="averaged").metric(metric)
         finally:
             self.model.load_state_dict(own)
+
+    def keep_average(self, run_dir: Path, k: int, best: dict[str, Any], step: int, epoch: int,
+                     train_minutes: float) -> dict[str, Any] | None:
+        """Average the last k checkpoints of run_dir and validate the average: kept as best.pt (the new
+        best returned) only where it does not lose to the best single checkpoint, else None."""
+        paths = ckpt.numbered_checkpoints(run_dir)[-k:]
+        if len(paths) < 2:
+            log.info("checkpoint averaging skipped: only %d checkpoint(s) to average", len(paths))
+            return None
+        name, single = self.training.best_metric, best["value"]
+        state, value = self.average(paths, step, epoch, train_minutes, name)
+        keep = improves(name, value, single, ties=True)
+        log.info("average of %s: valid %s %.2f vs best single checkpoint %.2f: %s",
+                 ", ".join(p.name for p in paths), name, value, float("nan") if single is None else single,
+                 "kept as best.pt" if keep else "discarded")
+        self.records.scalars("valid", {f"averaged_{name}_gain": value - (single or 0.0)}, step)
+        if not keep:
+            return None
+        state["best"] = best = {"metric": name, "value": value, "epoch": epoch, "step": step,
+                                "averaged": len(paths)}
+        ckpt.save_checkpoint(state, run_dir / AVERAGED)
+        ckpt.link_checkpoint(run_dir / AVERAGED, run_dir / ckpt.BEST)
+        return best
 
     def _attention(self) -> torch.Tensor:
         """The first validation sentence's greedy cross-attention (output rows × source columns)."""

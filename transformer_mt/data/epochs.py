@@ -47,6 +47,11 @@ class TrainingEpochs:
             self._latest = (epoch, split, sampler)
         return self._latest[1], self._latest[2]
 
+    def resized(self, batch_tokens: int) -> TrainingEpochs:
+        """The same epochs, cut into batches of another size."""
+        return TrainingEpochs(self.train, batch_tokens, self.seed, self.subwords, self.pad_to_multiple,
+                              self.mixture)
+
     def batch(self, split: EncodedSplit, indices: list[int]) -> Batch:
         """The examples at indices of an epoch's pairs, padded as the sampler counted them."""
         return split.batch(indices).pad_to(self.pad_to_multiple)

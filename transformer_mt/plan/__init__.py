@@ -28,6 +28,7 @@ from transformer_mt.config import CONFIG_DIR, ModelConfig, TrainConfig
 from transformer_mt.data import PreparedData, TokenBatchSampler
 from transformer_mt.errors import TrainingError
 from transformer_mt.plan import rules
+from transformer_mt.plan.calibration import Calibration, needed
 from transformer_mt.plan.probe import Probe
 from transformer_mt.runtime import TrainingClock, pad_to_multiple, precision
 from transformer_mt.tables import markdown_table
@@ -78,7 +79,7 @@ class Plan:
                 f"\nmeasured in {m['probe_seconds']:.1f}s: {m['tokens_per_s']:.0f} target tokens/s at "
                 f"{m['batch_speeds']} (batch: tokens/s); expected {m['updates']:.0f} updates, "
                 f"{m['epochs']:.2f} epochs of {m['steps_per_epoch']} updates; one validation "
-                f"{m['validation_seconds']:.1f}s")
+                f"{m['validation_seconds']:.1f}s" + (f"\n{calibrated(self)}" if calibrated(self) else ""))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types, for checkpoints and result.json."""
@@ -87,6 +88,17 @@ class Plan:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Plan:
         return cls(**d)
+
+
+def calibrated(plan: Plan) -> str:
+    """The batch's check against training (calibration.py) in a line; "" before it is made."""
+    c = plan.measured.get("calibrated")
+    if not c:
+        return ""
+    verdict = (f"kept {c['was']}" if c["was"] == plan.values["training.batch_tokens"] else
+               f"{c['was']} → {plan.values['training.batch_tokens']}")
+    return (f"checked at step {c['at_step']} on {c['seconds']:.0f}s of training at {c['tokens_per_s']:.0f} "
+            f"target tokens/s: expected updates {c['updates']} (batch: updates); batch {verdict}")
 
 
 def _shown(value: Any) -> str:
@@ -163,13 +175,24 @@ def settle(cfg: TrainConfig, state: dict[str, Any] | None, data: PreparedData, d
     return plan.apply(cfg, chosen_by_you(cfg, overrides)), plan
 
 
+def batch_check(plan: Plan | None, cfg: TrainConfig, data: PreparedData, pad: int, world_size: int,
+                overrides: Sequence[str]) -> Calibration | None:
+    """What times the run's first training and checks the plan's batch against it (calibration.py);
+    None where the run makes no such check."""
+    if not needed(plan, overrides):
+        return None
+    t = cfg.training
+    return Calibration(plan, RunLength(data, t.max_minutes * 60, 0.0, t.accumulate, world_size, pad, None))
+
+
 class Batch(NamedTuple):
-    """A planned batch size, its tokens/s (measured, or the largest measured size's), and the probe's
-    tokens/s at each size it measured."""
+    """A planned batch size, its tokens/s (measured, or the largest measured size's), the probe's
+    tokens/s at each size it measured, and those the plan assumed at each size it weighed."""
 
     tokens: int
     tokens_per_s: float
     measured: dict[int, float]
+    weighed: dict[int, float]
 
 
 @dataclass
@@ -197,10 +220,15 @@ class RunLength:
                                                 self.pad)
         return self._epochs[batch_tokens]
 
+    def update_tokens(self, batch_tokens: int) -> float:
+        """Target tokens of one process in an update at this batch size (an epoch's mean)."""
+        steps_per_epoch, epoch_tokens = self.epoch(batch_tokens)
+        return epoch_tokens / self.world_size / steps_per_epoch
+
     def expect(self, batch_tokens: int, tokens_per_s: float) -> tuple[float, float, str]:
         """(updates, epochs, what ends the run: "budget" or "epochs"), tokens_per_s of one process."""
-        steps_per_epoch, epoch_tokens = self.epoch(batch_tokens)
-        step_s = epoch_tokens / self.world_size / steps_per_epoch / tokens_per_s
+        steps_per_epoch = self.epoch(batch_tokens)[0]
+        step_s = self.update_tokens(batch_tokens) / tokens_per_s
         train_s = (self.budget_s - (time.perf_counter() - self.started)) * (1 - rules.VALIDATION_SHARE)
         epochs = train_s / step_s / steps_per_epoch
         if self.epochs is not None and self.epochs < epochs:
@@ -229,7 +257,7 @@ class _Planner:
         if "training.batch_tokens" in self.yours:
             b = self.cfg.training.batch_tokens
             speed = probe.tokens_per_s(model, b)
-            return Batch(self.pick("training.batch_tokens", b, ""), speed, {b: speed})
+            return Batch(self.pick("training.batch_tokens", b, ""), speed, {b: speed}, {b: speed})
         measured = probe.batch_speeds(model)
         # a size past the largest measured is taken to train as fast as it: the probe stops where a
         # doubling no longer pays (at its deadline, this underestimates); none past one out of memory
@@ -237,9 +265,8 @@ class _Planner:
         speeds = {b: measured.get(b, measured[max(measured)]) for b in sizes}
         updates = {b: length.updates(b, speed) for b, speed in speeds.items()}
         b = rules.batch_tokens(updates, length.batches_per_update)
-        why = (f"the largest whose {updates[b]:.0f} updates are at least {rules.UPDATES_TO_SPARE} × its "
-               "tokens per update")
-        return Batch(self.pick("training.batch_tokens", b, why), speeds[b], measured)
+        return Batch(self.pick("training.batch_tokens", b, rules.batch_why(updates[b])), speeds[b], measured,
+                     speeds)
 
     def shape(self, probe: Probe, data: PreparedData, length: RunLength) -> tuple[ModelConfig, Batch]:
         """The model's shape (unless chosen) and its batch."""
@@ -272,7 +299,7 @@ def make(cfg: TrainConfig, data: PreparedData, device: torch.device, amp: torch.
     probe = Probe(data, device, amp, decode_amp, cfg.seed, started + sweep_s, pad, sweep_s / TIMED_SIZES)
     length = RunLength(data, budget_s, started, t.accumulate, world_size, pad,
                        t.epochs if "training.epochs" in planner.yours else None)
-    model, (batch, speed, speeds) = planner.shape(probe, data, length)
+    model, (batch, speed, speeds, weighed) = planner.shape(probe, data, length)
     loss_s, per_sentence = probe.validation_seconds(model, cfg.decoding, batch)
     smallest = loss_s + min(len(data.valid), rules.FEWEST_VALID_SENTENCES) * per_sentence
     if smallest > 0.25 * budget_s:
@@ -299,6 +326,7 @@ def make(cfg: TrainConfig, data: PreparedData, device: torch.device, amp: torch.
          "with EMA: kept only if validation does not drop" if ema else "without EMA the average loses")
     planner.plan.measured = {
         "tokens_per_s": speed, "batch_speeds": {str(k): round(v) for k, v in speeds.items()},
+        "speeds": {str(k): v for k, v in weighed.items()},
         "updates": updates, "epochs": epochs, "steps_per_epoch": steps_per_epoch, "ends_by": ends_by,
         "validation_seconds": validation_s, "probe_seconds": time.perf_counter() - started}
     return planner.plan

@@ -14,18 +14,23 @@ VALIDATION_SHARE = 0.05  # of the budget, at most
 MOST_VALIDATIONS = 20
 VALID_SENTENCES = 1000  # decoded at each validation where the split has them: enough to rank checkpoints
 FEWEST_VALID_SENTENCES = 100
-UPDATES_TO_SPARE = 1.1  # the batch rule's updates per token of a batch: a run may fall short of its probe
+UPDATES_PER_TOKEN = 1.0  # the batch rule's line: updates per token of a batch, where the larger batch pays
 EMA_UPDATES = 2000  # an EMA of decay 0.999 averages ~1,000 updates: with fewer it holds early weights
 
 
 def batch_tokens(updates: dict[int, float], batches_per_update: int = 1) -> int:
     """The largest batch that the budget still trains for at least as many updates as an update holds
-    tokens, with a tenth to spare, i.e. about the square root of the tokens the budget trains: a longer
-    budget or a faster device earns larger batches, a short one keeps the updates it needs (the smallest
-    size when none qualifies). `updates`: the expected updates at each batch size; an update holds
+    tokens, i.e. about the square root of the tokens the budget trains: a longer budget or a faster
+    device earns larger batches, a short one keeps the updates it needs (the smallest size when none
+    qualifies). `updates`: the expected updates at each batch size; an update holds
     `batches_per_update` batches (processes × accumulation)."""
-    return max((b for b, n in updates.items() if n >= UPDATES_TO_SPARE * b * batches_per_update),
+    return max((b for b, n in updates.items() if n >= UPDATES_PER_TOKEN * b * batches_per_update),
                default=min(updates))
+
+
+def batch_why(updates: float) -> str:
+    """The plan table's reason for a batch the rule chose with `updates` expected updates."""
+    return f"the largest whose {updates:.0f} updates are at least {UPDATES_PER_TOKEN:g} × its tokens each"
 
 
 def model_size(tokens: dict[str, float], params: dict[str, int]) -> str:
