@@ -11,9 +11,10 @@ import time
 import torch
 import torch.nn as nn
 
-from transformer_mt.config import ModelConfig
+from transformer_mt.config import ModelConfig, TrainingConfig
 from transformer_mt.data import Batch, PreparedData, TokenBatchSampler
 from transformer_mt.loss import summed_nll
+from transformer_mt.optim import build_optimizer
 from transformer_mt.runtime import autocast
 
 
@@ -51,9 +52,10 @@ def time_training(model: nn.Module, batches: list[Batch], device: torch.device,
                   warmup: int = 2, seconds: float | None = None, min_steps: int = 4) -> tuple[float, float]:
     """(seconds, target tokens) of forward + backward + AdamW step over `batches` (moved to `device`,
     under autocast to dtype when given), after `warmup` untimed steps on the first of them. With
-    `seconds`, steps go round `batches` until that much time has passed (and `min_steps` were made)."""
+    `seconds`, steps go round `batches` until that much time has passed (and `min_steps` were made).
+    The optimizer is training's own (fused where it can be): the plan's probe times what training runs."""
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    optimizer = build_optimizer(model, TrainingConfig(lr=1e-4), device)
     batches = [b.to(device) for b in batches]
 
     def step(batch: Batch) -> None:

@@ -95,10 +95,11 @@ def calibrated(plan: Plan) -> str:
     c = plan.measured.get("calibrated")
     if not c:
         return ""
-    verdict = (f"kept {c['was']}" if c["was"] == plan.values["training.batch_tokens"] else
-               f"{c['was']} → {plan.values['training.batch_tokens']}")
+    was, now = c["was"], plan.values["training.batch_tokens"]
+    verdict = f"kept {was}" if was == now else f"{was} → {now}"
+    near = {b: n for b, n in c["updates"].items() if int(b) <= 2 * max(was, now)}  # the sizes in question
     return (f"checked at step {c['at_step']} on {c['seconds']:.0f}s of training at {c['tokens_per_s']:.0f} "
-            f"target tokens/s: expected updates {c['updates']} (batch: updates); batch {verdict}")
+            f"target tokens/s: expected updates {near} (batch: updates); batch {verdict}")
 
 
 def _shown(value: Any) -> str:
