@@ -263,8 +263,15 @@ class _Planner:
         # a size past the largest measured is taken to train as fast as it: the probe stops where a
         # doubling no longer pays (at its deadline, this underestimates); none past one out of memory
         sizes = [b for b in rules.BATCH_CANDIDATES if min(measured) <= b < (probe.too_large or math.inf)]
-        speeds = {b: measured.get(b, measured[max(measured)]) for b in sizes}
-        updates = {b: length.updates(b, speed) for b, speed in speeds.items()}
+        # Past the largest size measured, a doubling halves the updates while the rule's line doubles:
+        # the first such size that the rule does not take ends the sizes weighed.
+        speeds: dict[int, float] = {}
+        updates: dict[int, float] = {}
+        for size in sizes:
+            speeds[size] = measured.get(size, measured[max(measured)])
+            updates[size] = length.updates(size, speeds[size])
+            if size > max(measured) and rules.batch_tokens(updates, length.batches_per_update) < size:
+                break
         b = rules.batch_tokens(updates, length.batches_per_update)
         return Batch(self.pick("training.batch_tokens", b, rules.batch_why(updates[b])), speeds[b], measured,
                      speeds)

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch._dynamo  # noqa: F401  (a process's first optimizer imports it, for seconds: not in the probe)
 
 from transformer_mt.checkpoint import build_model
 from transformer_mt.config import DecodingConfig, ModelConfig, SearchConfig
@@ -26,7 +27,7 @@ ALWAYS_TIMED = 2  # batch sizes measured whatever the deadline: the larger ones'
 POOL = 64  # batches of the run's first epoch that the timed steps go round
 DECODED = 32  # validation sentences decoded to time one
 AS_FAST = 0.9  # a doubling that gains less than 10% tokens/s: the device is busy already, stop measuring
-LOSS_PAIRS = 500  # validation pairs whose loss is timed (the whole split's cost is scaled from them)
+LOSS_PAIRS = 200  # validation pairs whose loss is timed (the whole split's cost is scaled from them)
 
 
 @dataclass
