@@ -28,6 +28,11 @@ MULTIRUN_FLAGS = {"-m", "--multirun"}
 ENSEMBLE_COMMANDS = ("evaluate", "translate", "serve", "score")
 
 
+def named_keys(overrides: Sequence[str]) -> set[str]:
+    """The config keys that overrides set (`key=value`, `+key=value`, `~key=...`)."""
+    return {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
+
+
 def split_flags(args: Sequence[str]) -> tuple[list[str], list[str]]:
     """Separate Hydra's flags (and their values) from key=value overrides."""
     flags: list[str] = []

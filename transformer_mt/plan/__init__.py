@@ -27,6 +27,7 @@ from transformer_mt import distributed
 from transformer_mt.config import CONFIG_DIR, ModelConfig, TrainConfig
 from transformer_mt.data import PreparedData, TokenBatchSampler
 from transformer_mt.errors import TrainingError
+from transformer_mt.overrides import named_keys
 from transformer_mt.plan import rules
 from transformer_mt.plan.calibration import Calibration, needed
 from transformer_mt.plan.probe import Probe
@@ -74,12 +75,12 @@ class Plan:
         """The log's table: each key, its value, from whom and why; then the measurements."""
         rows = [[key, _shown(self.values[key]), self.sources[key], self.reasons.get(key, "")]
                 for key in self.values]
-        m = self.measured
+        m, checked = self.measured, calibrated(self)
         return (markdown_table(["key", "value", "from", "why"], rows, align="llll") +
                 f"\nmeasured in {m['probe_seconds']:.1f}s: {m['tokens_per_s']:.0f} target tokens/s at "
                 f"{m['batch_speeds']} (batch: tokens/s); expected {m['updates']:.0f} updates, "
                 f"{m['epochs']:.2f} epochs of {m['steps_per_epoch']} updates; one validation "
-                f"{m['validation_seconds']:.1f}s" + (f"\n{calibrated(self)}" if calibrated(self) else ""))
+                f"{m['validation_seconds']:.1f}s" + (f"\n{checked}" if checked else ""))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types, for checkpoints and result.json."""
@@ -109,7 +110,7 @@ def _shown(value: Any) -> str:
 def chosen_by_you(cfg: TrainConfig, overrides: Sequence[str]) -> set[str]:
     """The planned keys the user chose: named in an override, or different from the schema's default
     (an experiment or `model=...` file set them); a model group or `init=` chooses the whole shape."""
-    named = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
+    named = named_keys(overrides)
     default = TrainConfig()
     yours = {key for key in PLANNED if key in named or _get(cfg, key) != _get(default, key)}
     if "model" in named or cfg.init or yours & set(SHAPE):

@@ -17,6 +17,7 @@ import copy
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from transformer_mt.overrides import named_keys
 from transformer_mt.plan import rules
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ class Calibration:
 def needed(plan: Plan | None, overrides: Sequence[str]) -> bool:
     """Whether a run checks its plan's batch: the plan chose it, the budget ends the run, no check yet
     (a plan saved before checks could be made lacks their speeds), no override names it."""
-    named = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
+    named = named_keys(overrides)
     return (plan is not None and plan.sources.get(BATCH) == "plan" and BATCH not in named
             and plan.measured.get("ends_by") == "budget" and "speeds" in plan.measured
             and "calibrated" not in plan.measured)
