@@ -161,6 +161,42 @@ def test_the_probe_starts_no_batch_size_that_would_end_past_its_deadline(
     assert short.batch_speeds(ModelConfig()) == {512: 1e4, 1024: 2e4} and clock == [3.0]
 
 
+def test_the_probe_times_decoding_in_a_batch_like_validations(monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformer_mt import translator
+    from transformer_mt.config import DecodingConfig
+
+    clock, rows = [0.0], []
+
+    def search(model: object, src: torch.Tensor, *args: object) -> list[list[None]]:
+        rows.append(len(src))  # each step of the batch costs 1 per row, and 20 shared by its rows
+        clock[0] += src.shape[1] * (20 + len(src))
+        return [[None] for _ in src]
+
+    monkeypatch.setattr(probe_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(translator, "_search", search)
+    monkeypatch.setattr(probe_module, "VALID_SENTENCES", 600)  # the first 600 pairs are validated
+    src = [[5] * (1 + i % 9) for i in range(700)]
+    probe = Probe(SimpleNamespace(valid=SimpleNamespace(src_ids=src)), torch.device("cpu"),  # type: ignore[arg-type]
+                  None, None, seed=1, deadline=0.0)
+    greedy, model = DecodingConfig(beam_size=1, batch_tokens=400), torch.nn.Linear(1, 1)
+    translator.decode_ids(model, src[:600], greedy, torch.device("cpu"))  # what validation decodes
+    validation_s = clock[0]
+    # 10 batches from 133 rows of 2 tokens (eos included) to 29 of 10; the median sentence (5 tokens and
+    # eos) is in the fourth: 57 rows of up to 7 tokens
+    assert rows == [133, 80, 66, 57, 57, 50, 44, 44, 40, 29]
+
+    rows.clear()
+    with_time = probe.sentence_seconds(model, greedy, deadline=clock[0] + 1e6)
+    assert rows == [probe_module.DECODED, 57]  # then the whole batch: its padded tokens' cost, scaled
+    assert with_time * 600 == pytest.approx(validation_s, rel=0.15)
+    rows.clear()
+    without = probe.sentence_seconds(model, greedy, deadline=clock[0])
+    assert rows == [probe_module.DECODED] and without > with_time  # fewer rows: more per token
+    rows.clear()
+    some = probe.sentence_seconds(model, greedy, deadline=clock[0] + 900.0)  # 312 for the first 32 rows
+    assert probe_module.DECODED < rows[1] < 57 and with_time < some < without
+
+
 def test_timed_steps_go_round_the_batches_until_their_time_is_up(corpus: Path, tmp_path: Path) -> None:
     from transformer_mt.checkpoint import build_model
     from transformer_mt.data import prepare_data

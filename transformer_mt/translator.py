@@ -52,11 +52,9 @@ def decode_ids(
     was_training = model.training
     model.eval()
     results: list[list[Hypothesis]] = [[] for _ in src_ids]
-    # Beam search holds beam_size rows per sentence: budget the batch by what is really computed.
-    budget = max(1, decoding.batch_tokens_on(device) // (1 if decoding.sampling else decoding.beam_size))
     try:
         with autocast(device, amp):
-            for batch in length_sorted_batches([len(s) for s in src_ids], budget):
+            for batch in decoding_batches([len(s) for s in src_ids], decoding, device):
                 src = pad_sources([list(src_ids[i]) for i in batch], PAD_ID).to(device)
                 forced = [prefixes[i] for i in batch] if prefixes else None
                 for i, hyps in zip(batch, _search(model, src, decoding, return_attention, generator, forced)):
@@ -64,6 +62,14 @@ def decode_ids(
     finally:
         model.train(was_training)
     return results
+
+
+def decoding_batches(lengths: Sequence[int], decoding: DecodingConfig,
+                     device: torch.device) -> list[list[int]]:
+    """The batches `decode_ids` decodes sentences of these source lengths in (indices, shortest first)."""
+    # Beam search holds beam_size rows per sentence: budget the batch by what is really computed.
+    budget = max(1, decoding.batch_tokens_on(device) // (1 if decoding.sampling else decoding.beam_size))
+    return length_sorted_batches(lengths, budget)
 
 
 def _search(model: Transformer, src: torch.Tensor, decoding: DecodingConfig, return_attention: bool,

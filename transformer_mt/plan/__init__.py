@@ -309,7 +309,8 @@ def make(cfg: TrainConfig, data: PreparedData, device: torch.device, amp: torch.
     length = RunLength(data, budget_s, started, t.accumulate, world_size, pad,
                        t.epochs if "training.epochs" in planner.yours else None)
     model, (batch, speed, speeds, weighed) = planner.shape(probe, data, length)
-    loss_s, per_sentence = probe.validation_seconds(model, cfg.decoding, batch)
+    probe_ends = started + PROBE_SHARE * budget_s
+    loss_s, per_sentence = probe.validation_seconds(model, cfg.decoding, batch, probe_ends)
     smallest = loss_s + min(len(data.valid), rules.FEWEST_VALID_SENTENCES) * per_sentence
     if smallest > 0.25 * budget_s:
         least = math.ceil(4 * smallest / 60)

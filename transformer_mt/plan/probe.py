@@ -16,16 +16,17 @@ from transformer_mt.checkpoint import build_model
 from transformer_mt.config import DecodingConfig, ModelConfig, SearchConfig
 from transformer_mt.data import PreparedData
 from transformer_mt.errors import TrainingError
-from transformer_mt.plan.rules import BATCH_CANDIDATES
+from transformer_mt.model import Transformer
+from transformer_mt.plan.rules import BATCH_CANDIDATES, VALID_SENTENCES
 from transformer_mt.runtime import rng_state, set_rng_state
 from transformer_mt.throughput import real_batches, synchronize, time_training
-from transformer_mt.translator import decode_ids
+from transformer_mt.translator import decode_ids, decoding_batches
 from transformer_mt.validation import validation_loss
 
 STEPS = 4  # timed optimizer steps per batch size at least, after two untimed ones
 ALWAYS_TIMED = 2  # batch sizes measured whatever the deadline: the larger ones' speed is not a guess
 POOL = 64  # batches of the run's first epoch that the timed steps go round
-DECODED = 32  # validation sentences decoded to time one
+DECODED = 32  # validation sentences decoded first to time one (more, where the probe has time)
 AS_FAST = 0.9  # a doubling that gains less than 10% tokens/s: the device is busy already, stop measuring
 LOSS_PAIRS = 200  # validation pairs whose loss is timed (the whole split's cost is scaled from them)
 
@@ -86,11 +87,10 @@ class Probe:
             set_rng_state(state)
         return tokens / seconds
 
-    def validation_seconds(self, model_cfg: ModelConfig, decoding: SearchConfig,
-                           batch_tokens: int) -> tuple[float, float]:
+    def validation_seconds(self, model_cfg: ModelConfig, decoding: SearchConfig, batch_tokens: int,
+                           deadline: float) -> tuple[float, float]:
         """(seconds of the validation loss over the whole valid split, seconds per decoded sentence). The
-        loss is timed on up to LOSS_PAIRS pairs and scaled to the split. An untrained model never ends a
-        sentence, so each is decoded to its source's length, about what a trained one writes."""
+        loss is timed on up to LOSS_PAIRS pairs and scaled to the split; decoding, see sentence_seconds."""
         valid = self.data.valid
         timed = valid if len(valid) <= LOSS_PAIRS else valid.subset(range(LOSS_PAIRS))
         state = rng_state()
@@ -100,12 +100,36 @@ class Probe:
             validation_loss(model, timed, batch_tokens, self.device, self.amp)
             synchronize(self.device)
             loss_s = (time.perf_counter() - start) * len(valid) / max(len(timed), 1)
-            n = min(DECODED, len(valid))
-            as_long = DecodingConfig(**{**dataclasses.asdict(decoding), "max_len_a": 1.0, "max_len_b": 1})
-            start = time.perf_counter()
-            decode_ids(model, valid.src_ids[:n], as_long, self.device, amp=self.decode_amp)
-            synchronize(self.device)
-            per_sentence = (time.perf_counter() - start) / max(n, 1)
+            per_sentence = self.sentence_seconds(model, decoding, deadline)
         finally:
             set_rng_state(state)
         return loss_s, per_sentence
+
+    def sentence_seconds(self, model: Transformer, decoding: SearchConfig, deadline: float) -> float:
+        """Seconds per sentence of validation's decoding: the padded tokens of its batches (a batch decodes
+        each row for its longest source) at what one costs in the batch of validation's median sentence,
+        whose rows share each step as validation's do (fewer rows cost more per token). DECODED of its
+        rows are timed first; then as many more as `deadline` leaves time for. An untrained model never
+        ends a sentence, so each is decoded to its source's length, about what a trained one writes."""
+        src = self.data.valid.src_ids[:VALID_SENTENCES]
+        as_long = DecodingConfig(**{**dataclasses.asdict(decoding), "max_len_a": 1.0, "max_len_b": 1})
+        batches = decoding_batches([len(s) for s in src], as_long, self.device)
+        order = [i for batch in batches for i in batch]
+        batch = next(b for b in batches if order[len(order) // 2] in b)
+
+        def padded(rows: list[int]) -> int:
+            return len(rows) * (max(len(src[i]) for i in rows) + 1)
+
+        def seconds_per_token(rows: int) -> float:
+            middle = batch[(len(batch) - rows) // 2:][:rows]
+            start = time.perf_counter()
+            decode_ids(model, [src[i] for i in middle], as_long, self.device, amp=self.decode_amp)
+            synchronize(self.device)
+            return (time.perf_counter() - start) / padded(middle)
+
+        per_token = seconds_per_token(min(DECODED, len(batch)))
+        row_s = per_token * padded(batch) / len(batch)
+        more = min(len(batch), int((deadline - time.perf_counter()) / row_s))
+        if more > DECODED:
+            per_token = seconds_per_token(more)
+        return per_token * sum(padded(b) for b in batches) / len(src)
