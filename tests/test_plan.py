@@ -333,6 +333,25 @@ def test_a_run_goes_on_at_the_checked_batch_and_resumes_at_it(
     assert "epoch 3 step 66 (batch 24/24)" in caplog.text  # 24 batches of 512 tokens
 
 
+def test_a_kept_batch_validates_at_the_interval_planned_at_trainings_speed(
+        corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(calibration, "needed", lambda plan, overrides: True)
+    monkeypatch.setattr(calibration, "CHECKED_SHARE", 0.0)
+    monkeypatch.setattr(rules, "batch_tokens", lambda updates, per_update: 1024)
+    monkeypatch.setattr(rules, "valid_every_steps", lambda updates, count, steps_per_epoch: 4)
+    monkeypatch.setattr(planning, "make", lambda *a, **k: _probed(1024, **{"training.epochs": 2}))
+    monkeypatch.setattr(planning, "chosen_by_you", lambda cfg, overrides: {"training.epochs"})
+    run_dir = tmp_path / "run"
+    with caplog.at_level(logging.INFO):
+        tmt.train(tiny_overrides(corpus, run_dir, **PLANNED))
+    assert "the plan's batch, checked at step 6 " in caplog.text
+    # epochs of 12 steps: from the check on, steps 8, 16 and 20 validate besides the epochs' ends
+    validated = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in validated if "model" not in r] == [8, 12, 16, 20, 24]
+    assert load_checkpoint(run_dir / "latest.pt")["config"]["training"]["valid_every_steps"] == 4
+
+
 # -- a planned run ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def planned_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:

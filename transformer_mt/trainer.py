@@ -279,16 +279,16 @@ class Trainer:
         return self.should_stop()
 
     def _check_batch(self) -> str:
-        """Check the plan's batch against the run's own speed, once (plan/calibration.py); at another
-        size, the epoch goes on from the same share of its batches in the new size (RESIZED)."""
+        """The plan's batch and interval checked against the run's speed, once (plan/calibration.py)."""
         check, self.calibration = self.calibration, None
         checked = check.decide(self.clock.seconds, self.step) if self.world.is_main else None
         self.plan = distributed.from_main(checked, self.world)
         log.info("the plan's batch, %s", plan.calibrated(self.plan))
         t, size = self.cfg.training, self.plan.values["training.batch_tokens"]
+        t.valid_every_steps = self.plan.values["training.valid_every_steps"]  # planned at training's speed
         if size == t.batch_tokens:
             return ""
-        t.batch_tokens, t.valid_every_steps = size, self.plan.values["training.valid_every_steps"]
+        t.batch_tokens = size
         self.epochs, before = self.epochs.resized(size), self.epoch_batches
         self.epoch_batches = self.epochs(self.epoch)[1].num_batches(self.world.size)
         self.batch_in_epoch = check.position(self.batch_in_epoch, before, self.epoch_batches, t.accumulate)
