@@ -53,9 +53,10 @@ def test_validation_fits_its_share_of_the_budget() -> None:
     assert rules.validations(600, 6.0) == 5 and rules.validations(60, 100.0) == 1
     assert rules.valid_every_steps(27000, 20, 3500) == 1400
     assert rules.valid_every_steps(2000, 4, 400) == 0  # an epoch is shorter: its end validates
-    assert rules.valid_sentences(2000, 2, 2400, 1.0, 0.01) == 1000
-    assert rules.valid_sentences(500, 2, 2400, 1.0, 0.01) == 500
-    assert rules.valid_sentences(2000, 500, 600, 0.02, 0.01) == 100  # hundreds of epochs: the fewest
+    assert rules.valid_sentences(2000, 2, 2400, 0.01) == 1000
+    assert rules.valid_sentences(500, 2, 2400, 0.01) == 500
+    assert rules.valid_sentences(2000, 6, 600, 0.006) == 833  # 6 epochs' validations of 5 s
+    assert rules.valid_sentences(2000, 500, 600, 0.01) == 100  # hundreds of epochs: the fewest
 
 
 def test_the_model_grows_when_the_budget_trains_it_on_enough_tokens() -> None:

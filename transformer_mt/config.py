@@ -192,7 +192,7 @@ class TrainingConfig(Section):
     label_smoothing: float = 0.1
     clip_grad_norm: float = 1.0  # 0 disables clipping
     log_every: int = 50  # steps between TensorBoard scalars
-    valid_max_sentences: int = 500  # validation decoding cap (loss uses the whole valid split)
+    valid_max_sentences: int = 500  # validation's sample: the first N valid pairs (loss and translations)
     valid_every_steps: int = 0  # also validate (and keep a checkpoint) every N steps; 0 = each epoch only
     best_metric: str = "bleu"  # bleu | chrf | loss | cer | wer
     patience: int = 0  # validations without improvement before stopping; 0 = never stop early

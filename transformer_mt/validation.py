@@ -1,5 +1,7 @@
-"""Validation during training: the loss on the whole valid split, BLEU/chrF/CER/WER of decoding its first
-`training.valid_max_sentences`, and their records (TensorBoard, metrics.jsonl, log lines).
+"""Validation during training: the loss and the BLEU/chrF/CER/WER of decoding one sample, the valid
+split's first `training.valid_max_sentences` pairs, and their records (TensorBoard, metrics.jsonl, log
+lines). The loss costs about as much per pair as decoding on a CPU: a plan that validates often needs
+both to shrink with the sample.
 
 Training validates at each epoch's end and every `training.valid_every_steps`; checkpoint averaging
 validates the averaged weights the same way. Decoding goes through `translator.decode_ids`, the one path
@@ -77,8 +79,9 @@ class Validator:
         to `valid_<label>/` and which leaves the step's attention image alone."""
         t, valid = self.training, self.valid
         started = time.perf_counter()
-        loss = validation_loss(self.model, valid, t.batch_tokens, self.device, self.amp)
-        n = min(t.valid_max_sentences, len(valid))
+        n = min(t.valid_max_sentences, len(valid))  # one sample for the loss and the scores
+        loss = validation_loss(self.model, valid if n == len(valid) else valid.subset(range(n)),
+                               t.batch_tokens, self.device, self.amp)
         hyps = decode_ids(self.model, valid.src_ids[:n], self.decoding, self.device, amp=self.decode_amp)
         texts = self.vocab.decode_tgt([h[0].tokens for h in hyps])
         result = Validation(score(texts, valid.tgt_text[:n]), loss)

@@ -310,8 +310,8 @@ def make(cfg: TrainConfig, data: PreparedData, device: torch.device, amp: torch.
                        t.epochs if "training.epochs" in planner.yours else None)
     model, (batch, speed, speeds, weighed) = planner.shape(probe, data, length)
     probe_ends = started + PROBE_SHARE * budget_s
-    loss_s, per_sentence = probe.validation_seconds(model, cfg.decoding, batch, probe_ends)
-    smallest = loss_s + min(len(data.valid), rules.FEWEST_VALID_SENTENCES) * per_sentence
+    per_pair = probe.validation_seconds(model, cfg.decoding, batch, probe_ends)
+    smallest = min(len(data.valid), rules.FEWEST_VALID_SENTENCES) * per_pair
     if smallest > 0.25 * budget_s:
         least = math.ceil(4 * smallest / 60)
         raise TrainingError(f"training.max_minutes={t.max_minutes} is too short: one validation takes "
@@ -325,9 +325,9 @@ def make(cfg: TrainConfig, data: PreparedData, device: torch.device, amp: torch.
     pick("model.norm_first", True, "pre-norm: stable at a high learning rate")
     pick("model.dropout", rules.dropout(epochs), f"{epochs:.1f} epochs")
     n = pick("training.valid_max_sentences",
-             rules.valid_sentences(len(data.valid), epochs, budget_s, loss_s, per_sentence),
+             rules.valid_sentences(len(data.valid), epochs, budget_s, per_pair),
              f"up to {rules.VALID_SENTENCES} of the {len(data.valid)} validation pairs")
-    validation_s = loss_s + n * per_sentence
+    validation_s = n * per_pair
     count = rules.validations(budget_s, validation_s)
     pick("training.valid_every_steps", rules.valid_every_steps(updates, count, steps_per_epoch),
          f"{count} validations of {validation_s:.1f}s: at most {rules.VALIDATION_SHARE:.0%} of the budget")

@@ -28,7 +28,7 @@ ALWAYS_TIMED = 2  # batch sizes measured whatever the deadline: the larger ones'
 POOL = 64  # batches of the run's first epoch that the timed steps go round
 DECODED = 32  # validation sentences decoded first to time one (more, where the probe has time)
 AS_FAST = 0.9  # a doubling that gains less than 10% tokens/s: the device is busy already, stop measuring
-LOSS_PAIRS = 200  # validation pairs whose loss is timed (the whole split's cost is scaled from them)
+LOSS_PAIRS = 200  # validation pairs whose loss is timed
 
 
 @dataclass
@@ -88,9 +88,9 @@ class Probe:
         return tokens / seconds
 
     def validation_seconds(self, model_cfg: ModelConfig, decoding: SearchConfig, batch_tokens: int,
-                           deadline: float) -> tuple[float, float]:
-        """(seconds of the validation loss over the whole valid split, seconds per decoded sentence). The
-        loss is timed on up to LOSS_PAIRS pairs and scaled to the split; decoding, see sentence_seconds."""
+                           deadline: float) -> float:
+        """Seconds per pair of validation's sample: its loss, timed on up to LOSS_PAIRS pairs, and its
+        decoding (sentence_seconds)."""
         valid = self.data.valid
         timed = valid if len(valid) <= LOSS_PAIRS else valid.subset(range(LOSS_PAIRS))
         state = rng_state()
@@ -99,11 +99,10 @@ class Probe:
             start = time.perf_counter()
             validation_loss(model, timed, batch_tokens, self.device, self.amp)
             synchronize(self.device)
-            loss_s = (time.perf_counter() - start) * len(valid) / max(len(timed), 1)
-            per_sentence = self.sentence_seconds(model, decoding, deadline)
+            loss_each = (time.perf_counter() - start) / max(len(timed), 1)
+            return loss_each + self.sentence_seconds(model, decoding, deadline)
         finally:
             set_rng_state(state)
-        return loss_s, per_sentence
 
     def sentence_seconds(self, model: Transformer, decoding: SearchConfig, deadline: float) -> float:
         """Seconds per sentence of validation's decoding: the padded tokens of its batches (a batch decodes

@@ -12,7 +12,7 @@ BATCH_CANDIDATES = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 SIZES = ("small", "base")  # the planned model shapes, smallest first (`tiny` is for tests)
 VALIDATION_SHARE = 0.05  # of the budget, at most
 MOST_VALIDATIONS = 20
-VALID_SENTENCES = 1000  # decoded at each validation where the split has them: enough to rank checkpoints
+VALID_SENTENCES = 1000  # validated pairs where the split has them: enough to rank checkpoints
 FEWEST_VALID_SENTENCES = 100
 UPDATES_PER_TOKEN = 1.0  # the batch rule's line: updates per token of a batch, where the larger batch pays
 EMA_UPDATES = 2000  # an EMA of decay 0.999 averages ~1,000 updates: with fewer it holds early weights
@@ -71,12 +71,11 @@ def average_last(ema_decay: float, keep_last: int) -> int:
     return min(3, keep_last) if ema_decay > 0 and keep_last >= 2 else 0
 
 
-def valid_sentences(valid_pairs: int, epochs: float, budget_s: float, loss_s: float,
-                    per_sentence_s: float) -> int:
-    """Decode VALID_SENTENCES (or the whole split, if smaller) at each validation, fewer only when the
-    epochs' own validations would pass VALIDATION_SHARE of the budget, never below FEWEST_VALID_SENTENCES."""
+def valid_sentences(valid_pairs: int, epochs: float, budget_s: float, per_pair_s: float) -> int:
+    """Validate on VALID_SENTENCES pairs (or the whole split, if smaller), fewer only when the epochs' own
+    validations would pass VALIDATION_SHARE of the budget, never below FEWEST_VALID_SENTENCES."""
     n = min(valid_pairs, VALID_SENTENCES)
-    affordable = (VALIDATION_SHARE * budget_s / max(math.ceil(epochs), 1) - loss_s) / per_sentence_s
+    affordable = VALIDATION_SHARE * budget_s / max(math.ceil(epochs), 1) / per_pair_s
     return max(min(n, int(affordable)), min(valid_pairs, FEWEST_VALID_SENTENCES))
 
 
