@@ -79,12 +79,12 @@ class Validator:
         to `valid_<label>/` and which leaves the step's attention image alone."""
         t, valid = self.training, self.valid
         started = time.perf_counter()
-        n = min(t.valid_max_sentences, len(valid))  # one sample for the loss and the scores
-        loss = validation_loss(self.model, valid if n == len(valid) else valid.subset(range(n)),
-                               t.batch_tokens, self.device, self.amp)
-        hyps = decode_ids(self.model, valid.src_ids[:n], self.decoding, self.device, amp=self.decode_amp)
+        n = min(t.valid_max_sentences, len(valid))
+        sample = valid.subset(range(n))  # one sample for the loss and the scores
+        loss = validation_loss(self.model, sample, t.batch_tokens, self.device, self.amp)
+        hyps = decode_ids(self.model, sample.src_ids, self.decoding, self.device, amp=self.decode_amp)
         texts = self.vocab.decode_tgt([h[0].tokens for h in hyps])
-        result = Validation(score(texts, valid.tgt_text[:n]), loss)
+        result = Validation(score(texts, sample.tgt_text), loss)
         tag = f"valid_{label}" if label else "valid"
         if not label:
             self.records.attention(self._attention(), step)

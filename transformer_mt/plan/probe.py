@@ -92,7 +92,7 @@ class Probe:
         """Seconds per pair of validation's sample: its loss, timed on up to LOSS_PAIRS pairs, and its
         decoding (sentence_seconds)."""
         valid = self.data.valid
-        timed = valid if len(valid) <= LOSS_PAIRS else valid.subset(range(LOSS_PAIRS))
+        timed = valid.subset(range(min(LOSS_PAIRS, len(valid))))
         state = rng_state()
         try:
             model = build_model(model_cfg, self.data.vocab).to(self.device).eval()
