@@ -51,8 +51,35 @@ def test_warm_up_is_a_tenth_of_the_run_within_bounds() -> None:
 def test_validation_fits_its_share_of_the_budget() -> None:
     assert rules.validations(2400, 2.0) == rules.MOST_VALIDATIONS
     assert rules.validations(600, 6.0) == 5 and rules.validations(60, 100.0) == 1
-    assert rules.valid_every_steps(27000, 20, 3500) == 1400
+    assert rules.valid_every_steps(27000, 20, 3500) == 2100  # 12 of them, 7 epochs' ends and the run's
+    assert rules.valid_every_steps(1640, 3, 3494) == 600  # within one epoch: 600, 1,200 and the run's end
+    assert rules.valid_every_steps(5000, 20, 10000) == 300
     assert rules.valid_every_steps(2000, 4, 400) == 0  # an epoch is shorter: its end validates
+    assert rules.valid_every_steps(1749, 7, 341) == 0  # 5 epochs' ends and the run's: no room for more
+    assert rules.valid_every_steps(1640, 3, 3494, at_end=2) == 900  # the average is validated too
+    assert rules.validations_at_end(3) == 2 and rules.validations_at_end(0) == 1
+
+
+def validations_made(updates: int, every: int, steps_per_epoch: int, at_end: int) -> int:
+    """The validations of a run, as the trainer makes them: each epoch's end, every `every` steps, and
+    `at_end` when it ends."""
+    ends = set(range(steps_per_epoch, updates + 1, steps_per_epoch))
+    intervals = set(range(every, updates + 1, every)) if every else set()
+    return len((ends | intervals) - {updates}) + at_end
+
+
+def test_the_interval_counts_the_validations_at_each_epochs_end_and_the_runs() -> None:
+    for updates in (300, 1749, 5000, 27000):
+        for steps_per_epoch in (341, 1000, 3500, 10000):
+            for count in (1, 3, 7, 20):
+                for at_end in (1, 2):
+                    every = rules.valid_every_steps(updates, count, steps_per_epoch, at_end)
+                    made = validations_made(updates, every, steps_per_epoch, at_end)
+                    assert made <= max(count, updates // steps_per_epoch + at_end), (updates, steps_per_epoch,
+                                                                                      count, at_end)
+
+
+def test_validation_samples_fit_their_share_of_the_budget() -> None:
     assert rules.valid_sentences(2000, 2, 2400, 0.01) == 1000
     assert rules.valid_sentences(500, 2, 2400, 0.01) == 500
     assert rules.valid_sentences(2000, 6, 600, 0.006) == 833  # 6 epochs' validations of 5 s
@@ -230,20 +257,24 @@ def test_the_model_size_counts_the_tokens_of_every_process(corpus: Path, tmp_pat
 
 # -- the batch checked against training --------------------------------------------------------------
 class _Epochs:
-    """A run length whose updates hold 0.8 target tokens per batch token, in epochs of 10,000 updates."""
+    """A run length whose updates hold 0.8 target tokens per batch token, in epochs of `steps` updates."""
 
     batches_per_update, budget_s = 1, 600.0
+
+    def __init__(self, steps: int = 10_000) -> None:
+        self.steps = steps
 
     def update_tokens(self, batch_tokens: int) -> float:
         return 0.8 * batch_tokens
 
     def epoch(self, batch_tokens: int) -> tuple[int, int]:
-        return 10_000, 0
+        return self.steps, 0
 
 
 def _probed(batch: int = 512, **values: object) -> planning.Plan:
     """A plan made as the probe saw the machine: 1,500 tokens/s at every size."""
-    keys = {"training.batch_tokens": batch, "training.valid_every_steps": 300, **values}
+    keys = {"training.batch_tokens": batch, "training.valid_every_steps": 300, "model.dropout": 0.0,
+            "training.ema_decay": 0.0, "training.average_last": 0, **values}
     return planning.Plan(keys, sources=dict.fromkeys(keys, "plan"), measured={
         "tokens_per_s": 1500.0, "speeds": {"512": 1500.0, "1024": 1500.0, "2048": 1500.0},
         "ends_by": "budget", "validation_seconds": 3.0, "batch_speeds": {"512": 1500, "1024": 1500},
@@ -275,6 +306,32 @@ def test_the_batch_follows_the_speed_training_measures_not_the_probes() -> None:
     slow = _timed(Calibration(_probed(), _Epochs()), speed=1500.0, seconds=60)  # type: ignore[arg-type]
     kept = slow.decide(used_s=90.0, steps=150)
     assert kept.values["training.batch_tokens"] == 512 and "kept 512" in planning.calibrated(kept)
+
+
+def test_dropout_and_ema_are_planned_again_from_the_updates_training_expects() -> None:
+    """The probe expected 2,000 updates; training is a third slower: (100 × 409.6 + 513 × 1,000) / 409.6
+    = 1,352 updates at 512 tokens, 13.5 epochs of 100 updates."""
+    probed = _probed(512, **{"model.dropout": 0.1, "training.ema_decay": 0.999, "training.average_last": 3})
+    probed.sources["model.dropout"] = "you"  # a key the user set stays theirs
+
+    def checked(steps_per_epoch: int) -> planning.Plan:
+        check = _timed(Calibration(probed, _Epochs(steps_per_epoch)), speed=1000.0,  # type: ignore[arg-type]
+                       seconds=60)
+        return check.decide(used_s=60.0, steps=100)
+
+    plan = checked(100)
+    assert plan.measured["calibrated"]["updates"]["512"] == 1352
+    assert plan.values["training.batch_tokens"] == 512
+    assert plan.values["training.ema_decay"] == 0.0 and plan.values["training.average_last"] == 0
+    assert plan.values["model.dropout"] == 0.1  # yours, where the rule says 0.2 for 8-16 epochs
+    assert plan.measured["calibrated"]["changed"] == {"training.ema_decay": [0.999, 0.0],
+                                                      "training.average_last": [3, 0]}
+    shown = "batch kept 512, training.ema_decay 0.999 → 0, training.average_last 3 → 0"
+    assert shown in planning.calibrated(plan)
+    probed.sources["model.dropout"] = "plan"
+    assert checked(100).values["model.dropout"] == 0.2
+    assert checked(300).values["model.dropout"] == 0.1  # 4.5 epochs
+    assert "model.dropout" not in checked(300).measured["calibrated"]["changed"]
 
 
 def test_validation_and_checkpoints_are_not_timed_as_training() -> None:
@@ -340,7 +397,7 @@ def test_a_kept_batch_validates_at_the_interval_planned_at_trainings_speed(
     monkeypatch.setattr(calibration, "needed", lambda plan, overrides: True)
     monkeypatch.setattr(calibration, "CHECKED_SHARE", 0.0)
     monkeypatch.setattr(rules, "batch_tokens", lambda updates, per_update: 1024)
-    monkeypatch.setattr(rules, "valid_every_steps", lambda updates, count, steps_per_epoch: 4)
+    monkeypatch.setattr(rules, "valid_every_steps", lambda *args: 4)
     monkeypatch.setattr(planning, "make", lambda *a, **k: _probed(1024, **{"training.epochs": 2}))
     monkeypatch.setattr(planning, "chosen_by_you", lambda cfg, overrides: {"training.epochs"})
     run_dir = tmp_path / "run"
@@ -351,6 +408,34 @@ def test_a_kept_batch_validates_at_the_interval_planned_at_trainings_speed(
     validated = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in validated if "model" not in r] == [8, 12, 16, 20, 24]
     assert load_checkpoint(run_dir / "latest.pt")["config"]["training"]["valid_every_steps"] == 4
+
+
+def test_the_check_turns_ema_on_and_changes_dropout_in_the_running_model(
+        corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Planned without EMA or dropout; at training's speed the rules call for both (here, by decree)."""
+    import shutil
+
+    monkeypatch.setattr(calibration, "needed", lambda plan, overrides: True)
+    monkeypatch.setattr(calibration, "CHECKED_SHARE", 0.0)
+    monkeypatch.setattr(rules, "batch_tokens", lambda updates, per_update: 1024)
+    monkeypatch.setattr(rules, "ema_decay", lambda updates: 0.999)
+    monkeypatch.setattr(rules, "dropout", lambda epochs: 0.2)
+    monkeypatch.setattr(planning, "make", lambda *a, **k: _probed(1024, **{"training.epochs": 2}))
+    monkeypatch.setattr(planning, "chosen_by_you", lambda cfg, overrides: {"training.epochs"})
+    run_dir = tmp_path / "run"
+    with caplog.at_level(logging.INFO):
+        tmt.train(tiny_overrides(corpus, run_dir, **PLANNED))
+    assert "batch kept 1024, model.dropout 0 → 0.2, training.ema_decay 0 → 0.999" in caplog.text
+    saved = load_checkpoint(run_dir / "latest.pt")
+    assert saved["config"]["training"]["ema_decay"] == 0.999 and saved["model_config"]["dropout"] == 0.2
+    assert saved["config"]["model"]["dropout"] == 0.2
+    assert saved["ema_updates"] == saved["step"] - 6  # averaged from the check at step 6 on
+    assert not torch.equal(saved["model"]["src_embed.weight"], saved["trained_model"]["src_embed.weight"])
+
+    resumed = Path(shutil.copytree(run_dir, tmp_path / "resumed"))  # the same model, dropout included
+    tmt.train([f"resume={resumed}", "training.epochs=3"])
+    assert load_checkpoint(resumed / "latest.pt")["ema_updates"] == saved["ema_updates"] + 12
 
 
 # -- a planned run ---------------------------------------------------------------------------------

@@ -2,9 +2,9 @@
 
 `Trainer.__init__` sets up the run (device, data and tokenizer, model, optimizer, schedule, records);
 `fit` trains epoch after epoch (`train_epoch`, one optimizer step at a time), validates and keeps a
-checkpoint at each epoch's end (and every `valid_every_steps`), until `should_stop` gives a reason.
-Every checkpoint records the position inside the epoch and all random state, so `resume=` continues
-exactly where the run stopped; `init=` starts a new run from another's weights (finetune.py).
+checkpoint at each epoch's end (and every `valid_every_steps`), until `should_stop` gives a reason. A
+checkpoint records the position in the epoch and all random state, so `resume=` continues exactly where
+the run stopped; `init=` starts a new run from another's weights (finetune.py).
 A step never waits for the device: what it tells the loop stays there until read (tally.py).
 """
 
@@ -59,9 +59,8 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, run_dir: Path, overrides: Sequence[str] = (), job: int | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        """`overrides` and `job` (its number in a sweep) go into the checkpoints and result.json; with
-        `resume`, the run continues from its newest good checkpoint (read here, once), with `init`, it
-        starts from the parent's weights; `clock` reads seconds (tests pass a fake one)."""
+        """`overrides` and `job` (its number in a sweep) go into checkpoints and result.json; `resume` goes
+        on from the newest good checkpoint, `init` from a parent's weights; `clock` reads seconds."""
         self.cfg, self.run_dir, self.overrides, self.job = cfg, run_dir, list(overrides), job
         t = cfg.training
         self.world, self.started = distributed.current(), time.perf_counter()
@@ -189,8 +188,7 @@ class Trainer:
         return ""
 
     def train_epoch(self) -> str:
-        """One pass over the epoch's shuffled batches (from where a resumed run left off); a reason to stop
-        early ('' at the epoch's end)."""
+        """One pass over the epoch's batches (from where a run left off); a reason to stop, '' at its end."""
         t = self.cfg.training
         train, sampler = self.epochs(self.epoch)
         batches = sampler.batches(self.epoch, self.world.rank, self.world.size)
@@ -279,13 +277,18 @@ class Trainer:
         return self.should_stop()
 
     def _check_batch(self) -> str:
-        """The plan's batch and interval checked against the run's speed, once (plan/calibration.py)."""
+        """The plan's batch checked against the run's speed, once (plan/calibration.py), and what follows
+        from the updates expected at it: validation interval, average, dropout and EMA."""
         check, self.calibration = self.calibration, None
         checked = check.decide(self.clock.seconds, self.step) if self.world.is_main else None
         self.plan = distributed.from_main(checked, self.world)
         log.info("the plan's batch, %s", plan.calibrated(self.plan))
-        t, size = self.cfg.training, self.plan.values["training.batch_tokens"]
-        t.valid_every_steps = self.plan.values["training.valid_every_steps"]  # planned at training's speed
+        t, v, size = self.cfg.training, self.plan.values, self.plan.values["training.batch_tokens"]
+        t.valid_every_steps, t.average_last = v["training.valid_every_steps"], v["training.average_last"]
+        self.model.set_dropout(v["model.dropout"])
+        if v["training.ema_decay"] != t.ema_decay:  # on from these weights, or off (its average dropped)
+            t.ema_decay, self.ema = v["training.ema_decay"], ema.build(self.model, v["training.ema_decay"])
+            self.validate.model = self.ema.model if self.ema else self.model
         if size == t.batch_tokens:
             return ""
         t.batch_tokens = size
@@ -295,8 +298,7 @@ class Trainer:
         return RESIZED
 
     def _read_tally(self) -> float:
-        """Read the device's tally into the progress window (one host synchronisation); the last gradient
-        norm. Skipped steps are reported; max_bad_steps of them in a row mean divergence."""
+        """The device's tally read into the progress window (one host sync): the last gradient norm."""
         values = self.tally.read()
         self.window.loss += values["loss_sum"]
         self.window.batches += int(values["batches"])
@@ -313,8 +315,7 @@ class Trainer:
 
     # -- validation, checkpoints and records ------------------------------------------------------
     def _validate_and_save(self) -> str:
-        """Validate (rank 0), update the best, keep a checkpoint (epoch_NNN.pt at the end of an epoch,
-        else step_NNNNNNN.pt); a reason to stop, decided before the checkpoint is written."""
+        """Validate (rank 0), update the best, keep a checkpoint; a reason to stop, decided before saving."""
         self._read_tally()  # a diverged run stops here, before anything is validated or saved
         improved = False
         if self.world.is_main:
@@ -345,8 +346,7 @@ class Trainer:
         return float("nan") if self.best["value"] is None else float(self.best["value"])
 
     def _save(self, tag: str, improved: bool = False) -> None:
-        """Write a checkpoint (rank 0): numbered for 'epoch'/'step' (the last keep_last are kept and
-        averaged at the end), else only latest.pt."""
+        """Write a checkpoint (rank 0): epoch_/step_NNN.pt by tag (keep_last of them kept), or latest.pt."""
         self._read_tally()
         if self.calibration:  # the next step's time is not training's
             self.calibration.pause()

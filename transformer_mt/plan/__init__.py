@@ -99,8 +99,9 @@ def calibrated(plan: Plan) -> str:
     was, now = c["was"], plan.values["training.batch_tokens"]
     verdict = f"kept {was}" if was == now else f"{was} → {now}"
     near = {b: n for b, n in c["updates"].items() if int(b) <= 2 * max(was, now)}  # the sizes in question
+    also = "".join(f", {key} {was:g} → {now:g}" for key, (was, now) in c.get("changed", {}).items())
     return (f"checked at step {c['at_step']} on {c['seconds']:.0f}s of training at {c['tokens_per_s']:.0f} "
-            f"target tokens/s: expected updates {near} (batch: updates); batch {verdict}")
+            f"target tokens/s: expected updates {near} (batch: updates); batch {verdict}{also}")
 
 
 def _shown(value: Any) -> str:
@@ -184,7 +185,8 @@ def batch_check(plan: Plan | None, cfg: TrainConfig, data: PreparedData, pad: in
     if not needed(plan, overrides):
         return None
     t = cfg.training
-    return Calibration(plan, RunLength(data, t.max_minutes * 60, 0.0, t.accumulate, world_size, pad, None))
+    return Calibration(plan, RunLength(data, t.max_minutes * 60, 0.0, t.accumulate, world_size, pad, None),
+                       t.keep_last)
 
 
 class Batch(NamedTuple):
@@ -324,16 +326,17 @@ def make(cfg: TrainConfig, data: PreparedData, device: torch.device, amp: torch.
     pick("training.warmup_steps", rules.warmup_steps(updates), f"a tenth of {updates:.0f} updates, 300-4,000")
     pick("model.norm_first", True, "pre-norm: stable at a high learning rate")
     pick("model.dropout", rules.dropout(epochs), f"{epochs:.1f} epochs")
+    ema = pick("training.ema_decay", rules.ema_decay(updates), f"{updates:.0f} updates")
+    why = "with EMA: kept only if validation does not drop" if ema else "without EMA the average loses"
+    average = pick("training.average_last", rules.average_last(ema, t.keep_last), why)
     n = pick("training.valid_max_sentences",
              rules.valid_sentences(len(data.valid), epochs, budget_s, per_pair),
              f"up to {rules.VALID_SENTENCES} of the {len(data.valid)} validation pairs")
     validation_s = n * per_pair
     count = rules.validations(budget_s, validation_s)
-    pick("training.valid_every_steps", rules.valid_every_steps(updates, count, steps_per_epoch),
-         f"{count} validations of {validation_s:.1f}s: at most {rules.VALIDATION_SHARE:.0%} of the budget")
-    ema = pick("training.ema_decay", rules.ema_decay(updates), f"{updates:.0f} updates")
-    pick("training.average_last", rules.average_last(ema, t.keep_last),
-         "with EMA: kept only if validation does not drop" if ema else "without EMA the average loses")
+    every = rules.valid_every_steps(updates, count, steps_per_epoch, rules.validations_at_end(average))
+    pick("training.valid_every_steps", every, f"{count} validations of {validation_s:.1f}s, each epoch's end "
+         f"and the run's among them: at most {rules.VALIDATION_SHARE:.0%} of the budget")
     planner.plan.measured = {
         "tokens_per_s": speed, "batch_speeds": {str(k): round(v) for k, v in speeds.items()},
         "speeds": {str(k): v for k, v in weighed.items()},

@@ -5,8 +5,10 @@ speed wanders by a fifth over seconds to minutes, and the batch rule's line can 
 So a planned run that its budget ends times its own first CHECKED_SHARE of training (validation and
 checkpoints left out), takes that speed as the level of the probe's (whose ratios between batch sizes
 stay), and applies the batch rule again to the whole budget: the updates made so far and those the
-rest of it holds. At another size, the run goes on from the same share of the epoch's batches (in the
-new size's order: a few pairs of this epoch come twice, a few not at all). The plan records the check
+rest of it holds; the other planned keys that follow from the updates and epochs expected (validation
+interval, dropout, EMA and the average) are planned again from the same numbers. At another size, the
+run goes on from the same share of the epoch's batches (in the new size's order: a few pairs of this
+epoch come twice, a few not at all). The plan records the check
 either way (a resumed run does not check again); a run whose length `training.epochs` fixes never
 checks, so that it stays independent of its timing.
 """
@@ -26,13 +28,14 @@ if TYPE_CHECKING:
 CHECKED_SHARE = 0.1  # of the budget's training seconds, timed before the check
 SKIPPED_STEPS = 5  # a process's first steps allocate what the later ones reuse: not timed
 BATCH = "training.batch_tokens"
+DROPOUT, EMA, AVERAGE = "model.dropout", "training.ema_decay", "training.average_last"  # planned anew too
 
 
 class Calibration:
     """Times a planned run's training steps, then checks its batch against it (`decide`)."""
 
-    def __init__(self, plan: Plan, length: RunLength) -> None:
-        self.plan, self.length = plan, length
+    def __init__(self, plan: Plan, length: RunLength, keep_last: int = 3) -> None:
+        self.plan, self.length, self.keep_last = plan, length, keep_last  # (the checkpoints an average takes)
         self.seconds = self.tokens = 0.0  # of timed training
         self._last: tuple[float, int] | None = None
         self._skip = SKIPPED_STEPS
@@ -72,12 +75,23 @@ class Calibration:
         size = rules.batch_tokens(updates, self.length.batches_per_update)
         plan.values[BATCH] = size
         plan.reasons[BATCH] = rules.batch_why(updates[size]) + ", at the speed of training"
-        if plan.sources["training.valid_every_steps"] == "plan":
+        steps_per_epoch, ours = self.length.epoch(size)[0], plan.sources.get
+        epochs = updates[size] / steps_per_epoch
+        planned = {DROPOUT: (rules.dropout(epochs), f"{epochs:.1f} epochs"),
+                   EMA: (ema := rules.ema_decay(updates[size]), f"{updates[size]:.0f} updates"),
+                   AVERAGE: (rules.average_last(ema, self.keep_last), plan.reasons.get(AVERAGE, ""))}
+        changed = {}
+        for key, (value, why) in planned.items():
+            if ours(key) == "plan" and value != plan.values[key]:
+                changed[key] = [plan.values[key], value]
+                plan.values[key], plan.reasons[key] = value, why + ", at the speed of training"
+        if ours("training.valid_every_steps") == "plan":
             count = rules.validations(self.length.budget_s, m["validation_seconds"])
             plan.values["training.valid_every_steps"] = rules.valid_every_steps(
-                updates[size], count, self.length.epoch(size)[0])
+                updates[size], count, steps_per_epoch, rules.validations_at_end(plan.values.get(AVERAGE, 0)))
         plan.measured["calibrated"] = {"tokens_per_s": speed, "seconds": self.seconds, "at_step": steps,
-                                       "was": was, "updates": {str(b): round(n) for b, n in updates.items()}}
+                                       "was": was, "updates": {str(b): round(n) for b, n in updates.items()},
+                                       "changed": changed}
         return plan
 
 

@@ -84,8 +84,17 @@ def validations(budget_s: float, validation_s: float) -> int:
     return max(1, min(MOST_VALIDATIONS, int(VALIDATION_SHARE * budget_s / validation_s)))
 
 
-def valid_every_steps(updates: float, count: int, steps_per_epoch: int) -> int:
-    """The interval of `count` validations over the run, rounded up to 100 steps; 0 (each epoch's end
-    only) when an epoch is shorter."""
-    every = math.ceil(updates / count / 100) * 100
+def valid_every_steps(updates: float, count: int, steps_per_epoch: int, at_end: int = 1) -> int:
+    """The interval (rounded up to 100 steps) of the validations that make `count` over the run together
+    with the one at each epoch's end and the `at_end` that the run's end makes (its last checkpoint's,
+    and the average's); 0 (the epochs' ends only) when those leave none, or an epoch is shorter."""
+    between = count - math.floor(updates / steps_per_epoch) - at_end
+    if between < 1:
+        return 0
+    every = math.ceil(updates / (between + 1) / 100) * 100
     return 0 if every >= steps_per_epoch else every
+
+
+def validations_at_end(average_last: int) -> int:
+    """The validations a run makes when it ends: its last checkpoint's, and the average's if it keeps one."""
+    return 1 + (average_last >= 2)
