@@ -332,6 +332,8 @@ def test_dropout_and_ema_are_planned_again_from_the_updates_training_expects() -
     assert checked(100).values["model.dropout"] == 0.2
     assert checked(300).values["model.dropout"] == 0.1  # 4.5 epochs
     assert "model.dropout" not in checked(300).measured["calibrated"]["changed"]
+    probed.sources["training.ema_decay"] = "you"  # your EMA keeps its average
+    assert checked(100).values["training.average_last"] == 3
 
 
 def test_validation_and_checkpoints_are_not_timed_as_training() -> None:

@@ -327,8 +327,7 @@ def make(cfg: TrainConfig, data: PreparedData, device: torch.device, amp: torch.
     pick("model.norm_first", True, "pre-norm: stable at a high learning rate")
     pick("model.dropout", rules.dropout(epochs), f"{epochs:.1f} epochs")
     ema = pick("training.ema_decay", rules.ema_decay(updates), f"{updates:.0f} updates")
-    why = "with EMA: kept only if validation does not drop" if ema else "without EMA the average loses"
-    average = pick("training.average_last", rules.average_last(ema, t.keep_last), why)
+    average = pick("training.average_last", rules.average_last(ema, t.keep_last), rules.average_why(ema))
     n = pick("training.valid_max_sentences",
              rules.valid_sentences(len(data.valid), epochs, budget_s, per_pair),
              f"up to {rules.VALID_SENTENCES} of the {len(data.valid)} validation pairs")

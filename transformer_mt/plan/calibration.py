@@ -8,9 +8,9 @@ stay), and applies the batch rule again to the whole budget: the updates made so
 rest of it holds; the other planned keys that follow from the updates and epochs expected (validation
 interval, dropout, EMA and the average) are planned again from the same numbers. At another size, the
 run goes on from the same share of the epoch's batches (in the new size's order: a few pairs of this
-epoch come twice, a few not at all). The plan records the check
-either way (a resumed run does not check again); a run whose length `training.epochs` fixes never
-checks, so that it stays independent of its timing.
+epoch come twice, a few not at all). The plan records the check either way (a resumed run does not
+check again); a run whose length `training.epochs` fixes never checks, so that it stays independent of
+its timing.
 """
 
 from __future__ import annotations
@@ -77,9 +77,10 @@ class Calibration:
         plan.reasons[BATCH] = rules.batch_why(updates[size]) + ", at the speed of training"
         steps_per_epoch, ours = self.length.epoch(size)[0], plan.sources.get
         epochs = updates[size] / steps_per_epoch
+        ema = rules.ema_decay(updates[size]) if ours(EMA) == "plan" else plan.values.get(EMA, 0.0)
         planned = {DROPOUT: (rules.dropout(epochs), f"{epochs:.1f} epochs"),
-                   EMA: (ema := rules.ema_decay(updates[size]), f"{updates[size]:.0f} updates"),
-                   AVERAGE: (rules.average_last(ema, self.keep_last), plan.reasons.get(AVERAGE, ""))}
+                   EMA: (ema, f"{updates[size]:.0f} updates"),
+                   AVERAGE: (rules.average_last(ema, self.keep_last), rules.average_why(ema))}
         changed = {}
         for key, (value, why) in planned.items():
             if ours(key) == "plan" and value != plan.values[key]:

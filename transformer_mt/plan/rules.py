@@ -71,6 +71,11 @@ def average_last(ema_decay: float, keep_last: int) -> int:
     return min(3, keep_last) if ema_decay > 0 and keep_last >= 2 else 0
 
 
+def average_why(ema_decay: float) -> str:
+    """The plan table's reason for average_last."""
+    return "with EMA: kept only if validation does not drop" if ema_decay else "without EMA the average loses"
+
+
 def valid_sentences(valid_pairs: int, epochs: float, budget_s: float, per_pair_s: float) -> int:
     """Validate on VALID_SENTENCES pairs (or the whole split, if smaller), fewer only when the epochs' own
     validations would pass VALIDATION_SHARE of the budget, never below FEWEST_VALID_SENTENCES."""
