@@ -360,6 +360,16 @@ def test_only_a_batch_the_plan_chose_for_a_budget_is_checked_once() -> None:
     assert Calibration.position(50, 100, 60, accumulate=4) == 28
 
 
+def _check_at_once(monkeypatch: pytest.MonkeyPatch, probed: int, checked: int) -> None:
+    """The tiny run (its epochs end it) planned with the batch `probed`; its check is due after the first
+    timed step, and the batch rule then says `checked`."""
+    monkeypatch.setattr(calibration, "needed", lambda plan, overrides: True)
+    monkeypatch.setattr(calibration, "CHECKED_SHARE", 0.0)
+    monkeypatch.setattr(rules, "batch_tokens", lambda updates, per_update: checked)
+    monkeypatch.setattr(planning, "make", lambda *a, **k: _probed(probed, **{"training.epochs": 2}))
+    monkeypatch.setattr(planning, "chosen_by_you", lambda cfg, overrides: {"training.epochs"})
+
+
 def test_a_run_goes_on_at_the_checked_batch_and_resumes_at_it(
         corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -367,11 +377,7 @@ def test_a_run_goes_on_at_the_checked_batch_and_resumes_at_it(
     is due after the first timed step, and it halves the batch."""
     import shutil
 
-    monkeypatch.setattr(calibration, "needed", lambda plan, overrides: True)
-    monkeypatch.setattr(calibration, "CHECKED_SHARE", 0.0)
-    monkeypatch.setattr(rules, "batch_tokens", lambda updates, per_update: 512)
-    monkeypatch.setattr(planning, "make", lambda *a, **k: _probed(1024, **{"training.epochs": 2}))
-    monkeypatch.setattr(planning, "chosen_by_you", lambda cfg, overrides: {"training.epochs"})
+    _check_at_once(monkeypatch, probed=1024, checked=512)
     run_dir = tmp_path / "run"
     with caplog.at_level(logging.INFO):
         tmt.train(tiny_overrides(corpus, run_dir, **PLANNED))
@@ -396,12 +402,8 @@ def test_a_run_goes_on_at_the_checked_batch_and_resumes_at_it(
 def test_a_kept_batch_validates_at_the_interval_planned_at_trainings_speed(
         corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(calibration, "needed", lambda plan, overrides: True)
-    monkeypatch.setattr(calibration, "CHECKED_SHARE", 0.0)
-    monkeypatch.setattr(rules, "batch_tokens", lambda updates, per_update: 1024)
+    _check_at_once(monkeypatch, probed=1024, checked=1024)
     monkeypatch.setattr(rules, "valid_every_steps", lambda *args: 4)
-    monkeypatch.setattr(planning, "make", lambda *a, **k: _probed(1024, **{"training.epochs": 2}))
-    monkeypatch.setattr(planning, "chosen_by_you", lambda cfg, overrides: {"training.epochs"})
     run_dir = tmp_path / "run"
     with caplog.at_level(logging.INFO):
         tmt.train(tiny_overrides(corpus, run_dir, **PLANNED))
@@ -418,13 +420,9 @@ def test_the_check_turns_ema_on_and_changes_dropout_in_the_running_model(
     """Planned without EMA or dropout; at training's speed the rules call for both (here, by decree)."""
     import shutil
 
-    monkeypatch.setattr(calibration, "needed", lambda plan, overrides: True)
-    monkeypatch.setattr(calibration, "CHECKED_SHARE", 0.0)
-    monkeypatch.setattr(rules, "batch_tokens", lambda updates, per_update: 1024)
+    _check_at_once(monkeypatch, probed=1024, checked=1024)
     monkeypatch.setattr(rules, "ema_decay", lambda updates: 0.999)
     monkeypatch.setattr(rules, "dropout", lambda epochs: 0.2)
-    monkeypatch.setattr(planning, "make", lambda *a, **k: _probed(1024, **{"training.epochs": 2}))
-    monkeypatch.setattr(planning, "chosen_by_you", lambda cfg, overrides: {"training.epochs"})
     run_dir = tmp_path / "run"
     with caplog.at_level(logging.INFO):
         tmt.train(tiny_overrides(corpus, run_dir, **PLANNED))
