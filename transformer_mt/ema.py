@@ -59,3 +59,8 @@ class WeightAverage:
 def build(model: Transformer, decay: float) -> WeightAverage | None:
     """The run's weight average, or None when `training.ema_decay` is 0."""
     return WeightAverage(model, decay) if decay > 0 else None
+
+
+def validated(average: WeightAverage | None, model: Transformer) -> Transformer:
+    """The weights a run validates, keeps as best.pt and translates with: the average when it has one."""
+    return average.model if average else model

@@ -117,9 +117,8 @@ class Trainer:
         self.session_tokens, self.session_start_seconds = 0, self.clock.seconds  # for result.json
         # A resumed run redoes the steps after its checkpoint: their old events are purged.
         self.records = RunRecords(run_dir, self.world.is_main, self.step + 1 if self.step else None)
-        validated = self.ema.model if self.ema else self.model
-        self.validate = Validator(validated, self.vocab, self.data.valid, cfg, self.device, self.amp,
-                                  self.records)
+        self.validate = Validator(ema.validated(self.ema, self.model), self.vocab, self.data.valid, cfg,
+                                  self.device, self.amp, self.records)
         log.info("run directory: %s", run_dir)
         log.info("device %s (%s), %d threads%s; model %.2fM parameters; %s", self.device,
                  self.precision, torch.get_num_threads(),
@@ -288,7 +287,7 @@ class Trainer:
         self.model.set_dropout(v["model.dropout"])
         if v["training.ema_decay"] != t.ema_decay:  # on from these weights, or off (its average dropped)
             t.ema_decay, self.ema = v["training.ema_decay"], ema.build(self.model, v["training.ema_decay"])
-            self.validate.model = self.ema.model if self.ema else self.model
+            self.validate.model = ema.validated(self.ema, self.model)
         if size == t.batch_tokens:
             return ""
         t.batch_tokens = size

@@ -77,7 +77,7 @@ class Calibration:
         plan.reasons[BATCH] = rules.batch_why(updates[size]) + ", at the speed of training"
         steps_per_epoch, ours = self.length.epoch(size)[0], plan.sources.get
         epochs = updates[size] / steps_per_epoch
-        ema = rules.ema_decay(updates[size]) if ours(EMA) == "plan" else plan.values.get(EMA, 0.0)
+        ema = rules.ema_decay(updates[size]) if ours(EMA) == "plan" else plan.values[EMA]
         planned = {DROPOUT: (rules.dropout(epochs), f"{epochs:.1f} epochs"),
                    EMA: (ema, f"{updates[size]:.0f} updates"),
                    AVERAGE: (rules.average_last(ema, self.keep_last), rules.average_why(ema))}
@@ -89,7 +89,7 @@ class Calibration:
         if ours("training.valid_every_steps") == "plan":
             count = rules.validations(self.length.budget_s, m["validation_seconds"])
             plan.values["training.valid_every_steps"] = rules.valid_every_steps(
-                updates[size], count, steps_per_epoch, rules.validations_at_end(plan.values.get(AVERAGE, 0)))
+                updates[size], count, steps_per_epoch, rules.validations_at_end(plan.values[AVERAGE]))
         plan.measured["calibrated"] = {"tokens_per_s": speed, "seconds": self.seconds, "at_step": steps,
                                        "was": was, "updates": {str(b): round(n) for b, n in updates.items()},
                                        "changed": changed}
