@@ -123,16 +123,18 @@ def test_model_presets_are_read_from_their_files() -> None:
 class _Speeds(Probe):
     """A probe whose speeds are given (tokens/s per batch size), counting what it measures."""
 
-    def __init__(self, speeds: dict[int, float], deadline: float = float("inf")) -> None:
+    def __init__(self, speeds: dict[int, float], deadline: float = float("inf"),
+                 shape_deadline: float = float("inf"), larger: float = 0.0) -> None:
         super().__init__(data=None, device=torch.device("cpu"), amp=None, decode_amp=None, seed=1,  # type: ignore[arg-type]
-                         deadline=deadline)
-        self.speeds, self.measured = speeds, []
+                         deadline=deadline, shape_deadline=shape_deadline)
+        self.speeds, self.measured, self.larger = speeds, [], larger  # a larger shape's share of the speed
 
     def tokens_per_s(self, model_cfg: ModelConfig, batch_tokens: int) -> float:
-        self.measured.append(batch_tokens)
+        larger = model_cfg.d_model > ModelConfig().d_model
+        self.measured.append(("larger", batch_tokens) if larger else batch_tokens)
         if self.speeds[batch_tokens] < 0:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return self.speeds[batch_tokens]
+        return self.speeds[batch_tokens] * (self.larger if larger else 1.0)
 
 
 def test_the_probe_doubles_the_batch_while_it_gains_and_stops_at_its_deadline() -> None:
@@ -158,12 +160,15 @@ class _Length:
         return self.seconds * tokens_per_s / batch_tokens
 
 
-def test_the_plan_takes_unmeasured_larger_batches_as_fast_as_the_largest_measured() -> None:
+def test_the_plan_takes_unmeasured_batches_as_fast_as_the_largest_measured_below_them() -> None:
     planner = planning._Planner(TrainConfig(), set(), world_size=1)
-    cpu = _Speeds({512: 1000, 1024: 1040, 4096: 1050})  # stops after 1024: 2048 taken at 1040 tokens/s
+    speeds = {512: 1000, 1024: 1020, 2048: 1040, 4096: 1050}
+    cpu = _Speeds(speeds)  # at 512's speed the rule takes 2048: 1024 is skipped; 2048 gains too little
     planned = planner.batch(cpu, ModelConfig(), _Length(5000))  # type: ignore[arg-type]
-    assert planned[:2] == (2048, 1040) and planned.weighed[4096] == 1040  # what a check of it rescales
-    assert planner.batch(cpu, ModelConfig(), _Length(1000))[0] == 512  # type: ignore[arg-type]
+    assert cpu.measured == [512, 2048] and planned[:2] == (2048, 1040)
+    assert planned.weighed[1024] == 1000 and planned.weighed[4096] == 1040  # what a check of it rescales
+    short = _Speeds(speeds)  # at 512's speed the rule takes 512: nothing to skip
+    assert planner.batch(short, ModelConfig(), _Length(1000))[0] == 512 and short.measured == [512, 1024]  # type: ignore[arg-type]
     full = _Speeds({512: 1000, 1024: 2000, 2048: -1})  # 2048 runs out of memory: 1024 at most
     assert planner.batch(full, ModelConfig(), _Length(5000))[0] == 1024  # type: ignore[arg-type]
     assert full.too_large == 2048
@@ -187,6 +192,37 @@ def test_the_probe_starts_no_batch_size_that_would_end_past_its_deadline(
     clock[0] = 0.0
     short = Timed({512: 1e4, 1024: 2e4, 2048: 4e4}, deadline=2.0)  # 1024 ends past it, but is measured
     assert short.batch_speeds(ModelConfig()) == {512: 1e4, 1024: 2e4} and clock == [3.0]
+
+
+def test_the_next_size_is_expected_to_take_its_timed_seconds_and_twice_the_rest(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU's steps take milliseconds, so each size's measurement is its seconds_per_size of timed steps
+    and an untimed rest: a doubling doubles the rest, not the timed seconds (which a CPU's slow steps
+    can pass)."""
+    clock = [0.0]
+    monkeypatch.setattr(probe_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    class Timed(_Speeds):
+        def tokens_per_s(self, model_cfg: ModelConfig, batch_tokens: int) -> float:
+            step = 0.01 * batch_tokens / 512 if self.slow else 0.01  # a CPU's steps grow with the batch
+            timed = max(self.seconds_per_size, probe_module.STEPS * step)
+            clock[0] += 0.2 * batch_tokens / 512 + timed  # the untimed rest grows with the batch
+            self._timed = (timed, step)
+            return super().tokens_per_s(model_cfg, batch_tokens)
+
+    gpu = Timed({512: 1e4, 1024: 2e4, 2048: 4e4, 4096: 8e4}, deadline=5.0)
+    gpu.seconds_per_size, gpu.slow = 1.0, False
+    # 512 ends at 1.2 s, 1024 at 2.6; 2048 is expected to take 0.8 + 1.0 + 0.02 s: it ends at 4.4;
+    # 4096 (1.6 + 1.0 + 0.02) would end at 7.0: not started
+    assert gpu.batch_speeds(ModelConfig()) == {512: 1e4, 1024: 2e4, 2048: 4e4}
+    assert clock[0] == pytest.approx(4.4)
+    assert gpu.cost(4096) == pytest.approx(2.62) and gpu.cost(4096, compute=3.0) == pytest.approx(5.86)
+    clock[0] = 0.0
+    cpu = Timed({512: 1e4, 1024: 1.2e4, 2048: 1.4e4}, deadline=3.0)
+    cpu.seconds_per_size, cpu.slow = 0.05, True  # steps of 0.01 s a 512-token batch, 4 of them timed
+    # ends at 0.25, 0.73 and 1.69 s; 4096, whose 4 steps pass seconds_per_size, doubles it all: 3.69
+    assert cpu.batch_speeds(ModelConfig()) == {512: 1e4, 1024: 1.2e4, 2048: 1.4e4}
+    assert clock[0] == pytest.approx(1.69) and cpu.cost(4096) == pytest.approx(2 * 0.8 + 2 * 0.16 + 0.08)
 
 
 def test_the_probe_times_decoding_in_a_batch_like_validations(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -250,9 +286,37 @@ def test_the_model_size_counts_the_tokens_of_every_process(corpus: Path, tmp_pat
     monkeypatch.setattr(rules, "model_size", lambda tokens, params: budgets.append(tokens) or "small")
     for world_size in (1, 2):
         planner = planning._Planner(cfg, set(), world_size)
-        planner.shape(_Speeds({512: 1000.0, 1024: 1000.0}), data, _Length(600))  # type: ignore[arg-type]
-    one, two = budgets
+        planner.shape(_Speeds({512: 1000.0, 1024: 1000.0}, shape_deadline=0.0), data, _Length(600))  # type: ignore[arg-type]
+    one, two = budgets  # the larger shape not measured: its speed scaled by FLOPs
     assert one["small"] > one["base"] > 0 and two == pytest.approx({k: 2 * v for k, v in one.items()})
+
+
+def test_a_larger_shape_is_measured_where_its_flops_would_keep_the_small_one(corpus: Path,
+                                                                            tmp_path: Path) -> None:
+    """On a GPU a small model leaves mostly idle, a larger one trains nearly as fast: where the probe has
+    time, the larger shape is measured at the small one's batch, and chosen when the budget trains it on
+    a token per parameter; its batch sizes are the small one's, at its own speed."""
+    from transformer_mt.data import prepare_data
+
+    cfg = compose("train", tiny_overrides(corpus, tmp_path / "run"))
+    data = prepare_data(cfg.dataset, cfg.tokenizer)
+    shapes = {s: planning.shape(s, cfg.model) for s in rules.SIZES}
+    base_params, seconds = planning.parameters(shapes["base"], data), 100.0
+    speed = 3 * base_params / (seconds * (1 - rules.VALIDATION_SHARE))  # 3 tokens per base parameter
+    assert planning._compute(data, shapes, 4096)["base"] > 3  # so FLOPs alone keep the small shape
+    every = {b: speed for b in rules.BATCH_CANDIDATES}
+    for deadline, share, chosen in ((float("inf"), 0.5, "base"), (float("inf"), 0.2, "small"),
+                                    (0.0, 0.5, "small")):
+        probe = _Speeds(every, shape_deadline=deadline, larger=share)
+        planner = planning._Planner(cfg, set(), world_size=1)
+        model, batch = planner.shape(probe, data, _Length(seconds))  # type: ignore[arg-type]
+        small_batch = probe.measured[1]
+        assert model == shapes[chosen] and (deadline == 0.0) != (("larger", small_batch) in probe.measured)
+        if chosen == "base":
+            assert batch.tokens <= small_batch and batch.tokens_per_s == pytest.approx(share * speed)
+            assert planner.plan.reasons["model.d_model"].endswith(f"(base measured at {small_batch})")
+            assert planner.plan.measured["shape_speeds"] == {"small": round(speed),
+                                                             "base": round(share * speed)}
 
 
 # -- the batch checked against training --------------------------------------------------------------

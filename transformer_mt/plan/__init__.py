@@ -17,19 +17,19 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
-import numpy as np
 import torch
 from omegaconf import OmegaConf
 
 from transformer_mt import distributed
 from transformer_mt.config import CONFIG_DIR, ModelConfig, TrainConfig
-from transformer_mt.data import PreparedData, TokenBatchSampler
+from transformer_mt.data import PreparedData
 from transformer_mt.errors import TrainingError
 from transformer_mt.overrides import named_keys
 from transformer_mt.plan import rules
 from transformer_mt.plan.calibration import Calibration, needed
+from transformer_mt.plan.length import Batch, RunLength
 from transformer_mt.plan.probe import Probe
 from transformer_mt.runtime import TrainingClock, pad_to_multiple, precision
 from transformer_mt.tables import markdown_table
@@ -43,6 +43,7 @@ PLANNED = (*SHAPE, "training.batch_tokens", "training.epochs", "training.lr", "t
            "training.valid_every_steps", "training.ema_decay", "training.average_last")
 PROBE_SHARE = 0.02  # of the budget: what the probe may take
 BATCH_SWEEP_SHARE = 0.6  # of the probe's time: no new batch size is measured after it
+SHAPE_SHARE = 0.2  # of the probe's time after the sweep: the larger shape is measured if it ends in it
 TIMED_SIZES = 5  # the sweep's time is divided among this many sizes' timed steps (and their warm-up)
 UNTIL_THE_BUDGET = 1000  # training.epochs when the budget ends the run
 
@@ -189,60 +190,6 @@ def batch_check(plan: Plan | None, cfg: TrainConfig, data: PreparedData, pad: in
                        t.keep_last)
 
 
-class Batch(NamedTuple):
-    """A planned batch size, its tokens/s (measured, or the largest measured size's), the probe's
-    tokens/s at each size it measured, and those the plan assumed at each size it weighed."""
-
-    tokens: int
-    tokens_per_s: float
-    measured: dict[int, float]
-    weighed: dict[int, float]
-
-
-@dataclass
-class RunLength:
-    """How many updates and epochs the rest of the budget holds at a batch size and its tokens/s (or
-    the user's training.epochs, when they end the run first)."""
-
-    data: PreparedData
-    budget_s: float
-    started: float  # time.perf_counter() when planning began: the budget counts the probe
-    accumulate: int
-    world_size: int
-    pad: int
-    epochs: int | None  # the user's training.epochs, None when the budget ends the run
-    _epochs: dict[int, tuple[int, int]] = field(default_factory=dict, repr=False)
-
-    @property
-    def batches_per_update(self) -> int:
-        return self.accumulate * self.world_size
-
-    def epoch(self, batch_tokens: int) -> tuple[int, int]:
-        """(optimizer steps per epoch, target tokens per epoch) at this batch size."""
-        if batch_tokens not in self._epochs:
-            self._epochs[batch_tokens] = _epoch(self.data, batch_tokens, self.accumulate, self.world_size,
-                                                self.pad)
-        return self._epochs[batch_tokens]
-
-    def update_tokens(self, batch_tokens: int) -> float:
-        """Target tokens of one process in an update at this batch size (an epoch's mean)."""
-        steps_per_epoch, epoch_tokens = self.epoch(batch_tokens)
-        return epoch_tokens / self.world_size / steps_per_epoch
-
-    def expect(self, batch_tokens: int, tokens_per_s: float) -> tuple[float, float, str]:
-        """(updates, epochs, what ends the run: "budget" or "epochs"), tokens_per_s of one process."""
-        steps_per_epoch = self.epoch(batch_tokens)[0]
-        step_s = self.update_tokens(batch_tokens) / tokens_per_s
-        train_s = (self.budget_s - (time.perf_counter() - self.started)) * (1 - rules.VALIDATION_SHARE)
-        epochs = train_s / step_s / steps_per_epoch
-        if self.epochs is not None and self.epochs < epochs:
-            return self.epochs * steps_per_epoch, float(self.epochs), "epochs"
-        return epochs * steps_per_epoch, epochs, "budget"
-
-    def updates(self, batch_tokens: int, tokens_per_s: float) -> float:
-        return self.expect(batch_tokens, tokens_per_s)[0]
-
-
 class _Planner:
     """Fills a Plan key by key: the user's value where they chose one, else the rule's."""
 
@@ -260,42 +207,69 @@ class _Planner:
         """The batch size, its tokens/s and what the probe measured."""
         if "training.batch_tokens" in self.yours:
             b = self.cfg.training.batch_tokens
-            speed = probe.tokens_per_s(model, b)
+            speed = probe.batch_speeds(model, (b,))[b]
             return Batch(self.pick("training.batch_tokens", b, ""), speed, {b: speed}, {b: speed})
-        measured = probe.batch_speeds(model)
-        # a size past the largest measured is taken to train as fast as it: the probe stops where a
-        # doubling no longer pays (at its deadline, this underestimates); none past one out of memory
-        sizes = [b for b in rules.BATCH_CANDIDATES if min(measured) <= b < (probe.too_large or math.inf)]
-        # Past the largest size measured, a doubling halves the updates while the rule's line doubles:
-        # the first such size that the rule does not take ends the sizes weighed.
-        speeds: dict[int, float] = {}
-        updates: dict[int, float] = {}
-        for size in sizes:
-            speeds[size] = measured.get(size, measured[max(measured)])
-            updates[size] = length.updates(size, speeds[size])
-            if size > max(measured) and rules.batch_tokens(updates, length.batches_per_update) < size:
-                break
+
+        def least(speed: float) -> int:  # the rule's choice were every size this slow
+            updates = _updates(length, dict.fromkeys(rules.BATCH_CANDIDATES, speed), after=0)
+            return rules.batch_tokens(updates, length.batches_per_update)
+
+        return self.weigh(probe.batch_speeds(model, least=least), probe.too_large, length)
+
+    def weigh(self, measured: dict[int, float], too_large: int | None, length: RunLength) -> Batch:
+        """The batch rule on the sizes from the smallest measured to the one that ran out of memory, each
+        taken to train as fast as the largest measured size at or below it (a larger batch never trains
+        slower: a size the probe skipped or did not reach is underestimated)."""
+        sizes = [b for b in rules.BATCH_CANDIDATES if min(measured) <= b < (too_large or math.inf)]
+        speeds = {b: measured[max(m for m in measured if m <= b)] for b in sizes}
+        updates = _updates(length, speeds, after=max(measured))
         b = rules.batch_tokens(updates, length.batches_per_update)
         return Batch(self.pick("training.batch_tokens", b, rules.batch_why(updates[b])), speeds[b], measured,
-                     speeds)
+                     {size: speeds[size] for size in updates})
 
     def shape(self, probe: Probe, data: PreparedData, length: RunLength) -> tuple[ModelConfig, Batch]:
-        """The model's shape (unless chosen) and its batch."""
+        """The model's shape (unless chosen) and its batch: the largest shape that the budget trains on
+        one target token per parameter. The small shape's batch sizes are measured; each larger shape's
+        speed is the small one's scaled by its FLOPs per token, a lower bound (a larger model uses a
+        device at least as well). When that bound keeps the small shape, the larger one is measured at
+        the small one's batch where the probe has time: on a GPU that a small model leaves mostly idle,
+        a larger one trains nearly as fast. A measured larger shape takes the small one's batch sizes,
+        their speeds scaled by its own."""
         if SHAPE[0] in self.yours:
-            model, size = self.cfg.model, ""
+            model, size, why = self.cfg.model, "", ""
             batch = self.batch(probe, model, length)
         else:
-            model = shape(rules.SIZES[0], self.cfg.model)
-            batch = self.batch(probe, model, length)
-            size = _model_size(self.cfg, data, model, batch.tokens_per_s * self.world_size, batch.tokens,
-                               length.budget_s)
-            if size != rules.SIZES[0]:
-                model = shape(size, self.cfg.model)
-                batch = self.batch(probe, model, length)
+            shapes = {s: shape(s, self.cfg.model) for s in rules.SIZES}
+            small, larger = rules.SIZES
+            batch = self.batch(probe, shapes[small], length)
+            compute = _compute(data, shapes, batch.tokens)
+            speeds = {s: batch.tokens_per_s / compute[s] for s in rules.SIZES}
+            size, why = self.size(speeds, data, shapes, length), f"{larger}'s speed from FLOPs"
+            measured = None if size != small else probe.tokens_per_s_within(shapes[larger], batch.tokens,
+                                                                            compute[larger])
+            if measured and measured > speeds[larger]:
+                speeds[larger], why = measured, f"{larger} measured at {batch.tokens}"
+                size = self.size(speeds, data, shapes, length)
+                if size == larger:
+                    level = measured / batch.tokens_per_s
+                    batch = self.weigh({b: v * level for b, v in batch.measured.items()}, probe.too_large,
+                                       length)
+            elif size != small:
+                batch = self.batch(probe, shapes[size], length)
+            model = shapes[size]
+            self.plan.measured["shape_speeds"] = {s: round(v) for s, v in speeds.items()}
         for key in SHAPE:
             self.pick(key, _get_model(model, key), f"{size}: the largest shape the budget trains on one "
-                                                   "target token per parameter or more")
+                                                   f"target token per parameter or more ({why})")
         return model, batch
+
+    def size(self, speeds: dict[str, float], data: PreparedData, shapes: dict[str, ModelConfig],
+             length: RunLength) -> str:
+        """rules.model_size on the target tokens each shape trains in the budget at `speeds` (of one
+        process: every process trains as many)."""
+        train_s = length.budget_s * (1 - rules.VALIDATION_SHARE) * self.world_size
+        return rules.model_size({s: v * train_s for s, v in speeds.items()},
+                                {s: parameters(m, data) for s, m in shapes.items()})
 
 
 def make(cfg: TrainConfig, data: PreparedData, device: torch.device, amp: torch.dtype | None,
@@ -306,8 +280,9 @@ def make(cfg: TrainConfig, data: PreparedData, device: torch.device, amp: torch.
     planner = _Planner(cfg, chosen_by_you(cfg, overrides), world_size)
     pick = planner.pick
     pad = pad_to_multiple(t.pad_to_multiple, device, cfg.device.compile)  # as the run will pad
-    sweep_s = BATCH_SWEEP_SHARE * PROBE_SHARE * budget_s  # the rest times one validation
-    probe = Probe(data, device, amp, decode_amp, cfg.seed, started + sweep_s, pad, sweep_s / TIMED_SIZES)
+    sweep_s = BATCH_SWEEP_SHARE * PROBE_SHARE * budget_s  # the rest: the larger shape, then a validation
+    probe = Probe(data, device, amp, decode_amp, cfg.seed, started + sweep_s, pad, sweep_s / TIMED_SIZES,
+                  started + (BATCH_SWEEP_SHARE + SHAPE_SHARE) * PROBE_SHARE * budget_s)
     length = RunLength(data, budget_s, started, t.accumulate, world_size, pad,
                        t.epochs if "training.epochs" in planner.yours else None)
     model, (batch, speed, speeds, weighed) = planner.shape(probe, data, length)
@@ -336,7 +311,7 @@ def make(cfg: TrainConfig, data: PreparedData, device: torch.device, amp: torch.
     every = rules.valid_every_steps(updates, count, steps_per_epoch, rules.validations_at_end(average))
     pick("training.valid_every_steps", every, f"{count} validations of {validation_s:.1f}s, each epoch's end "
          f"and the run's among them: at most {rules.VALIDATION_SHARE:.0%} of the budget")
-    planner.plan.measured = {
+    planner.plan.measured |= {
         "tokens_per_s": speed, "batch_speeds": {str(k): round(v) for k, v in speeds.items()},
         "speeds": {str(k): v for k, v in weighed.items()},
         "updates": updates, "epochs": epochs, "steps_per_epoch": steps_per_epoch, "ends_by": ends_by,
@@ -344,27 +319,22 @@ def make(cfg: TrainConfig, data: PreparedData, device: torch.device, amp: torch.
     return planner.plan
 
 
-def _model_size(cfg: TrainConfig, data: PreparedData, measured: ModelConfig, speed: float, batch: int,
-                budget_s: float) -> str:
-    """rules.model_size on each shape's budget in target tokens: the measured shape's speed (of every
-    process together) scaled by its share of the FLOPs per token (at a typical batch of the run's mean
-    lengths)."""
-    lengths = data.train.lengths()
-    src, tgt = (int(x) + 1 for x in lengths.mean(axis=0).round())
+def _updates(length: RunLength, speeds: dict[int, float], after: int) -> dict[int, float]:
+    """The updates the budget holds at each size of `speeds` (smallest first), up to the first size past
+    `after` that the batch rule does not take: at one speed, a doubling halves the updates while the
+    rule's line doubles, so no larger size would be taken either."""
+    updates: dict[int, float] = {}
+    for size, speed in speeds.items():
+        updates[size] = length.updates(size, speed)
+        if size > after and rules.batch_tokens(updates, length.batches_per_update) < size:
+            break
+    return updates
+
+
+def _compute(data: PreparedData, shapes: dict[str, ModelConfig], batch: int) -> dict[str, float]:
+    """Each shape's training FLOPs per target token over the smallest's, at a batch of the run's mean
+    lengths."""
+    src, tgt = (int(x) + 1 for x in data.train.lengths().mean(axis=0).round())
     rows = max(batch // max(src, tgt), 1)
-    shapes = {size: shape(size, cfg.model) for size in rules.SIZES}
-    flops = {size: forward_flops(m, data.vocab.tgt_vocab_size, rows, src, tgt) for size, m in shapes.items()}
-    reference = forward_flops(measured, data.vocab.tgt_vocab_size, rows, src, tgt)
-    tokens = {size: speed * reference / flops[size] * budget_s * (1 - rules.VALIDATION_SHARE)
-              for size in rules.SIZES}
-    return rules.model_size(tokens, {size: parameters(m, data) for size, m in shapes.items()})
-
-
-def _epoch(data: PreparedData, batch_tokens: int, accumulate: int, world_size: int,
-           pad: int) -> tuple[int, int]:
-    """(optimizer steps per epoch, target tokens per epoch, eos included) of the first epoch."""
-    rows = data.mixture.rows(0) if data.mixture is not None else np.arange(len(data.train))
-    lengths = data.train.lengths()[rows]
-    sampler = TokenBatchSampler(lengths, batch_tokens, shuffle=False, pad_to_multiple=pad)
-    batches = sampler.num_batches(world_size)
-    return max(math.ceil(batches / accumulate), 1), int(lengths[:, 1].sum()) + len(rows)
+    flops = {s: forward_flops(m, data.vocab.tgt_vocab_size, rows, src, tgt) for s, m in shapes.items()}
+    return {s: f / flops[rules.SIZES[0]] for s, f in flops.items()}

@@ -23,7 +23,8 @@ from transformer_mt.overrides import named_keys
 from transformer_mt.plan import rules
 
 if TYPE_CHECKING:
-    from transformer_mt.plan import Plan, RunLength
+    from transformer_mt.plan import Plan
+    from transformer_mt.plan.length import RunLength
 
 CHECKED_SHARE = 0.1  # of the budget's training seconds, timed before the check
 SKIPPED_STEPS = 5  # a process's first steps allocate what the later ones reuse: not timed

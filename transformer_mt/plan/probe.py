@@ -6,8 +6,10 @@ the model for a few steps; it leaves every random generator as it found it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch._dynamo  # noqa: F401  (a process's first optimizer imports it, for seconds: not in the probe)
@@ -43,23 +45,32 @@ class Probe:
     deadline: float  # time.perf_counter() value: no batch size whose measurement would end later starts
     pad_to_multiple: int = 1  # the run's batch padding (runtime.pad_to_multiple), so that shapes match
     seconds_per_size: float = 0.0  # timed steps at one batch size go on this long (at least STEPS)
+    shape_deadline: float = math.inf  # the same, for the larger model shape's one measurement
     too_large: int | None = None  # the batch size that ran out of memory, if one did
+    # the last sweep's measurements: (seconds each took, of them its timed steps, seconds per step)
+    timings: dict[int, tuple[float, float, float]] = field(default_factory=dict, init=False, repr=False)
+    _timed: tuple[float, float] = field(default=(0.0, 0.0), init=False, repr=False)  # tokens_per_s's last
 
-    def batch_speeds(self, model_cfg: ModelConfig, batches: tuple[int, ...] = BATCH_CANDIDATES
-                     ) -> dict[int, float]:
+    def batch_speeds(self, model_cfg: ModelConfig, batches: tuple[int, ...] = BATCH_CANDIDATES,
+                     least: Callable[[float], int] | None = None) -> dict[int, float]:
         """Training target tokens/s at each batch size, smallest first, until a doubling no longer gains
         10%, the device runs out of memory, or the next size would end past the deadline (the first
         ALWAYS_TIMED sizes are measured whatever the deadline: a short budget's deadline would otherwise
-        allow one size, and the batch rule nothing to compare)."""
+        allow one size, and the batch rule nothing to compare). After the first size, the sizes below
+        `least(its tokens/s)` are skipped: `least` is the size the plan would choose were every size as
+        slow as the first, and a larger batch never trains slower, so the plan chooses no smaller one
+        (on a GPU, whose speed grows with the batch far beyond a CPU's, the sweep's time goes to the
+        sizes in question)."""
         speeds: dict[int, float] = {}
-        cost = 0.0  # of the last size measured; the next, twice the batch, costs about twice as much
+        self.timings = {}
         for size in batches:
+            if speeds and least is not None and size < least(next(iter(speeds.values()))):
+                continue
             started = time.perf_counter()
-            if len(speeds) >= ALWAYS_TIMED and started + 2 * cost > self.deadline:
+            if len(speeds) >= ALWAYS_TIMED and started + self.cost(size) > self.deadline:
                 break
             try:
                 speeds[size] = self.tokens_per_s(model_cfg, size)
-                cost = time.perf_counter() - started
             except torch.OutOfMemoryError as ex:
                 if not speeds:
                     raise TrainingError(f"training.plan=auto: a {size}-token batch of this model does not "
@@ -70,9 +81,33 @@ class Probe:
             finally:
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
-            if len(speeds) > 1 and speeds[size] < speeds[size // 2] / AS_FAST:
+            self.timings[size], self._timed = (time.perf_counter() - started, *self._timed), (0.0, 0.0)
+            if len(speeds) > 1 and speeds[size] < list(speeds.values())[-2] / AS_FAST:
                 break
         return speeds
+
+    def cost(self, size: int, compute: float = 1.0) -> float:
+        """What measuring `size` would take, from the largest size this sweep measured at or below it: its
+        untimed part (model, batches, warm-up steps) and its steps grow with the tokens a step holds,
+        and by `compute`, another model's compute per token over the measured one's; its timed steps
+        go on for seconds_per_size at least."""
+        took, timed, step = self.timings[max(b for b in self.timings if b <= size)]
+        scale = size / max(b for b in self.timings if b <= size) * compute
+        return (took - timed) * scale + max(self.seconds_per_size, STEPS * step * scale) + step * scale
+
+    def tokens_per_s_within(self, model_cfg: ModelConfig, batch_tokens: int, compute: float) -> float | None:
+        """tokens_per_s of another model at a batch size, if its cost (`compute`: its compute per token
+        over the swept model's) ends its measurement by shape_deadline and the model fits; else None."""
+        if time.perf_counter() + self.cost(batch_tokens, compute) > self.shape_deadline:
+            return None
+        try:
+            return self.tokens_per_s(model_cfg, batch_tokens)
+        except torch.OutOfMemoryError:
+            return None
+        finally:
+            self._timed = (0.0, 0.0)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
 
     def tokens_per_s(self, model_cfg: ModelConfig, batch_tokens: int) -> float:
         """Target tokens/s of real optimizer steps on the first batches of the run's first epoch (a random
@@ -85,6 +120,7 @@ class Probe:
                                             seconds=self.seconds_per_size, min_steps=STEPS)
         finally:
             set_rng_state(state)
+        self._timed = (seconds, seconds * sum(b.n_tgt_tokens for b in batches) / len(batches) / tokens)
         return tokens / seconds
 
     def validation_seconds(self, model_cfg: ModelConfig, decoding: SearchConfig, batch_tokens: int,
