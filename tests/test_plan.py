@@ -7,6 +7,7 @@ import json
 import logging
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -420,8 +421,6 @@ def test_only_a_batch_the_plan_chose_for_a_budget_is_checked_once() -> None:
     done.measured["calibrated"] = {}
     del old.measured["speeds"]  # a plan saved before the check existed
     assert not any(calibration.needed(p, []) for p in (yours, fixed, done, old))
-    assert Calibration.position(50, 100, 60, accumulate=1) == 30
-    assert Calibration.position(50, 100, 60, accumulate=4) == 28
 
 
 def _check_at_once(monkeypatch: pytest.MonkeyPatch, probed: int, checked: int) -> None:
@@ -434,14 +433,31 @@ def _check_at_once(monkeypatch: pytest.MonkeyPatch, probed: int, checked: int) -
     monkeypatch.setattr(planning, "chosen_by_you", lambda cfg, overrides: {"training.epochs"})
 
 
+def _trained_pairs(monkeypatch: pytest.MonkeyPatch) -> list[list[tuple[bytes, bytes]]]:
+    """Each training batch's pairs (source and target ids), as the run trains them."""
+    from transformer_mt.data.epochs import TrainingEpochs
+
+    batches: list[list[tuple[bytes, bytes]]] = []
+    cut = TrainingEpochs.batch
+
+    def batch(self: TrainingEpochs, split: Any, indices: list[int]) -> Any:
+        batches.append([(split.src_ids[i].tobytes(), split.tgt_ids[i].tobytes()) for i in indices])
+        return cut(self, split, indices)
+
+    monkeypatch.setattr(TrainingEpochs, "batch", batch)
+    return batches
+
+
 def test_a_run_goes_on_at_the_checked_batch_and_resumes_at_it(
         corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     """The tiny run's epochs end it and its config sets the batch: here the batch is the plan's, the check
-    is due after the first timed step, and it halves the batch."""
+    is due after the first timed step, and it halves the batch. The epoch goes on with the pairs its
+    first batches did not hold: each pair once."""
     import shutil
 
     _check_at_once(monkeypatch, probed=1024, checked=512)
+    trained = _trained_pairs(monkeypatch)
     run_dir = tmp_path / "run"
     with caplog.at_level(logging.INFO):
         tmt.train(tiny_overrides(corpus, run_dir, **PLANNED))
@@ -449,18 +465,48 @@ def test_a_run_goes_on_at_the_checked_batch_and_resumes_at_it(
     result = json.loads((run_dir / "result.json").read_text())
     assert result["plan"]["values"]["training.batch_tokens"] == 512
     assert result["plan"]["measured"]["calibrated"]["at_step"] == 6
+    assert result["plan"]["measured"]["calibrated"]["rest_of"] == [0, 6]
     saved = load_checkpoint(run_dir / "latest.pt")
     assert saved["config"]["training"]["batch_tokens"] == 512 and saved["plan"] == result["plan"]
-    # an epoch is 12 batches of 1,024 tokens or 24 of 512: 6 steps, the other half of epoch 1, epoch 2
-    assert "epoch 1: 12 batches" in caplog.text and "epoch 1: 24 batches" in caplog.text
-    assert result["steps"] == 6 + 12 + 24
+    # an epoch is 12 batches of 1,024 tokens or 24 of 512: 6 steps, the rest of epoch 1, epoch 2
+    assert "epoch 1: 12 batches" in caplog.text and "epoch 2: 24 batches" in caplog.text
+    rest = result["steps"] - 6 - 24
+    assert f"epoch 1: {rest} batches" in caplog.text and 10 <= rest <= 14
+    first, second = trained[:6 + rest], trained[6 + rest:]
+    assert len(second) == 24 and len({p for b in first for p in b}) == sum(map(len, first))  # none twice
+    assert sorted(p for b in first for p in b) == sorted(p for b in second for p in b)  # none left out
 
     monkeypatch.setattr(Calibration, "decide", lambda *a: pytest.fail("a resumed run checked again"))
     resumed = Path(shutil.copytree(run_dir, tmp_path / "resumed"))
     caplog.clear()
     with caplog.at_level(logging.INFO):
         tmt.train([f"resume={resumed}", "training.epochs=3"])
-    assert "epoch 3 step 66 (batch 24/24)" in caplog.text  # 24 batches of 512 tokens
+    assert f"epoch 3 step {result['steps'] + 24} (batch 24/24)" in caplog.text  # 24 batches of 512 tokens
+
+
+def test_a_run_stopped_in_the_rest_of_a_resized_epoch_resumes_bit_exact(
+        corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopped two steps after its batch changed, the run resumes the same rest of the epoch and ends with
+    the weights of the run that was not stopped."""
+    from transformer_mt.trainer import Trainer
+
+    _check_at_once(monkeypatch, probed=1024, checked=512)
+    tmt.train(tiny_overrides(corpus, tmp_path / "whole", **PLANNED))
+    step = Trainer.optimizer_step
+
+    def stop_at_8(self: Trainer) -> None:
+        step(self)
+        self.interrupt.requested = self.interrupt.requested or self.step == 8
+
+    monkeypatch.setattr(Trainer, "optimizer_step", stop_at_8)
+    tmt.train(tiny_overrides(corpus, tmp_path / "stopped", **PLANNED))
+    stopped = load_checkpoint(tmp_path / "stopped" / "latest.pt")
+    assert (stopped["step"], stopped["epoch"], stopped["batch_in_epoch"]) == (8, 0, 2)
+    monkeypatch.setattr(Trainer, "optimizer_step", step)
+    monkeypatch.setattr(calibration, "needed", lambda plan, overrides: "calibrated" not in plan.measured)
+    tmt.train([f"resume={tmp_path / 'stopped'}"])
+    whole, resumed = (load_checkpoint(tmp_path / r / "epoch_002.pt")["model"] for r in ("whole", "stopped"))
+    assert all(torch.equal(whole[name], resumed[name]) for name in whole)
 
 
 def test_a_kept_batch_validates_at_the_interval_planned_at_trainings_speed(

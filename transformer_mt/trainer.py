@@ -96,6 +96,7 @@ class Trainer:
         self.calibration = plan.batch_check(self.plan, cfg, self.data, pad, self.world.size, overrides)
         # This rank's batches per epoch: epoch 0's even when resuming (re-segmented or re-drawn epochs differ)
         self.epoch_batches = self.epochs(0)[1].num_batches(self.world.size)
+        self.epochs = plan.epochs_of(self.plan, self.epochs, self.world.size)  # a resized epoch's rest
         steps = math.ceil(self.epoch_batches / t.accumulate) * t.epochs
         self.scheduler = build_scheduler(self.optimizer, t, steps, plan.decay_clock(self.plan, self.clock))
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == torch.float16)
@@ -291,9 +292,8 @@ class Trainer:
         if size == t.batch_tokens:
             return ""
         t.batch_tokens = size
-        self.epochs, before = self.epochs.resized(size), self.epoch_batches
-        self.epoch_batches = self.epochs(self.epoch)[1].num_batches(self.world.size)
-        self.batch_in_epoch = check.position(self.batch_in_epoch, before, self.epoch_batches, t.accumulate)
+        self.epochs = plan.resize(self.plan, self.epochs, self.epoch, self.batch_in_epoch, self.world.size)
+        self.epoch_batches, self.batch_in_epoch = self.epochs(self.epoch)[1].num_batches(self.world.size), 0
         return RESIZED
 
     def _read_tally(self) -> float:

@@ -3,13 +3,16 @@
 Without subword regularisation that is the same split every epoch, shuffled anew; with it
 (`tokenizer.dropout`, `tokenizer.alpha`) the pairs are first segmented anew for the epoch
 (segmentation.py), and the batches follow their new lengths. With several corpora (`dataset.mix`), the
-epoch holds the rows their weights draw for it (mixture.py).
+epoch holds the rows their weights draw for it (mixture.py). When the batch size changes within an
+epoch (the plan's check), the rest of that epoch is the pairs its first batches did not hold, cut anew.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+
+import numpy as np
 
 from transformer_mt.data.batching import Batch, TokenBatchSampler
 from transformer_mt.data.encode import EncodedSplit
@@ -25,21 +28,27 @@ class TrainingEpochs:
 
     def __init__(self, train: EncodedSplit, batch_tokens: int, seed: int,
                  subwords: SubwordSampler | None = None, pad_to_multiple: int = 1,
-                 mixture: Mixture | None = None) -> None:
+                 mixture: Mixture | None = None, rest: tuple[int, np.ndarray] | None = None) -> None:
         self.train, self.batch_tokens, self.seed, self.subwords = train, batch_tokens, seed, subwords
         self.pad_to_multiple = pad_to_multiple  # batch lengths and row counts (batching.py)
         self.mixture = mixture
+        self.rest = rest  # (epoch, the rows of its pairs it still trains on), after a resize within it
         self._varies = subwords is not None or (mixture is not None and mixture.varies)
         self._latest: tuple[int, EncodedSplit, TokenBatchSampler] | None = None
 
     def __call__(self, epoch: int) -> tuple[EncodedSplit, TokenBatchSampler]:
         """(pairs, sampler) of `epoch`: the sampler's batches(epoch, ...) index the pairs."""
-        if self._latest is None or (self._varies and self._latest[0] != epoch):
+        cut = self.rest is not None and self.rest[0] in (epoch, self._latest and self._latest[0])
+        if self._latest is None or (self._latest[0] != epoch and (self._varies or cut)):
             split = self.train if self.subwords is None else self._resegment(epoch)
             if self.mixture is not None:
                 rows = self.mixture.rows(epoch)
                 split = split.subset(rows)
                 log.info("epoch %d: %d training pairs: %s", epoch + 1, len(rows), self.mixture.describe(rows))
+            if self.rest is not None and self.rest[0] == epoch:
+                split = split.subset(self.rest[1])
+                log.info("epoch %d goes on with the %d pairs its batches have not held", epoch + 1,
+                         len(split))
             sampler = TokenBatchSampler(split.lengths(), self.batch_tokens, seed=self.seed,
                                         pad_to_multiple=self.pad_to_multiple)
             log.info("epoch %d: %d batches in %d shapes, %.1f%% of their positions padding", epoch + 1,
@@ -47,10 +56,19 @@ class TrainingEpochs:
             self._latest = (epoch, split, sampler)
         return self._latest[1], self._latest[2]
 
-    def resized(self, batch_tokens: int) -> TrainingEpochs:
-        """The same epochs, cut into batches of another size."""
+    def resized(self, batch_tokens: int, epoch: int | None = None, trained: int = 0,
+                world_size: int = 1) -> TrainingEpochs:
+        """The same epochs, cut into batches of another size; with `epoch`, from its `trained` batches
+        (of each of `world_size` ranks) on: the rest of it is its pairs that those batches did not hold."""
+        rest = None
+        if epoch is not None:
+            split, sampler = self(epoch)
+            held = np.zeros(len(split), dtype=bool)
+            for batch in sampler.batches(epoch)[:trained * world_size]:  # every rank's first batches
+                held[batch] = True
+            rest = (epoch, np.flatnonzero(~held))
         return TrainingEpochs(self.train, batch_tokens, self.seed, self.subwords, self.pad_to_multiple,
-                              self.mixture)
+                              self.mixture, rest)
 
     def batch(self, split: EncodedSplit, indices: list[int]) -> Batch:
         """The examples at indices of an epoch's pairs, padded as the sampler counted them."""

@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 from transformer_mt import distributed
 from transformer_mt.config import CONFIG_DIR, ModelConfig, TrainConfig
 from transformer_mt.data import PreparedData
+from transformer_mt.data.epochs import TrainingEpochs
 from transformer_mt.errors import TrainingError
 from transformer_mt.overrides import named_keys
 from transformer_mt.plan import rules
@@ -188,6 +189,22 @@ def batch_check(plan: Plan | None, cfg: TrainConfig, data: PreparedData, pad: in
     t = cfg.training
     return Calibration(plan, RunLength(data, t.max_minutes * 60, 0.0, t.accumulate, world_size, pad, None),
                        t.keep_last)
+
+
+def resize(plan: Plan, epochs: TrainingEpochs, epoch: int, trained: int, world_size: int) -> TrainingEpochs:
+    """The epochs at the checked batch size, `epoch` going on from its first `trained` batches (of each
+    rank) with the pairs they did not hold; the plan records where, for a resumed run (epochs_of)."""
+    plan.measured["calibrated"]["rest_of"] = [epoch, trained]
+    return epochs.resized(plan.values["training.batch_tokens"], epoch, trained, world_size)
+
+
+def epochs_of(plan: Plan | None, epochs: TrainingEpochs, world_size: int) -> TrainingEpochs:
+    """A resumed run's epochs: where its check changed the batch within an epoch, that epoch's rest is cut
+    from the same batches of the size before (resize)."""
+    checked = plan.measured.get("calibrated", {}) if plan else {}
+    if "rest_of" not in checked:
+        return epochs
+    return epochs.resized(checked["was"]).resized(epochs.batch_tokens, *checked["rest_of"], world_size)
 
 
 class _Planner:

@@ -7,10 +7,10 @@ checkpoints left out), takes that speed as the level of the probe's (whose ratio
 stay), and applies the batch rule again to the whole budget: the updates made so far and those the
 rest of it holds; the other planned keys that follow from the updates and epochs expected (validation
 interval, dropout, EMA and the average) are planned again from the same numbers. At another size, the
-run goes on from the same share of the epoch's batches (in the new size's order: a few pairs of this
-epoch come twice, a few not at all). The plan records the check either way (a resumed run does not
-check again); a run whose length `training.epochs` fixes never checks, so that it stays independent of
-its timing.
+epoch goes on with the pairs its batches have not held yet, cut into batches of the new size
+(data/epochs.py). The plan records the check either way, and where it resized (a resumed run does not
+check again, and cuts the same rest); a run whose length `training.epochs` fixes never checks, so that
+it stays independent of its timing.
 """
 
 from __future__ import annotations
@@ -51,11 +51,6 @@ class Calibration:
     def pause(self) -> None:
         """A validation or a checkpoint since the last step: the next step's time is not training's."""
         self._last = None
-
-    @staticmethod
-    def position(batch_in_epoch: int, batches: int, resized: int, accumulate: int) -> int:
-        """The same share of the epoch in its batches at the new size, at the start of an update."""
-        return batch_in_epoch * resized // batches // accumulate * accumulate
 
     @property
     def ready(self) -> bool:
