@@ -230,11 +230,12 @@ def test_the_probe_times_decoding_in_a_batch_like_validations(monkeypatch: pytes
     from transformer_mt import translator
     from transformer_mt.config import DecodingConfig
 
-    clock, rows = [0.0], []
+    clock, rows, first = [0.0], [], [False]
 
     def search(model: object, src: torch.Tensor, *args: object) -> list[list[None]]:
         rows.append(len(src))  # each step of the batch costs 1 per row, and 20 shared by its rows
-        clock[0] += src.shape[1] * (20 + len(src))
+        clock[0] += src.shape[1] * (20 + len(src)) + 1e6 * first[0]  # (a GPU's first call: set-up)
+        first[0] = False
         return [[None] for _ in src]
 
     monkeypatch.setattr(probe_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
@@ -251,15 +252,17 @@ def test_the_probe_times_decoding_in_a_batch_like_validations(monkeypatch: pytes
     assert rows == [133, 80, 66, 57, 57, 50, 44, 44, 40, 29]
 
     rows.clear()
-    with_time = probe.sentence_seconds(model, greedy, deadline=clock[0] + 1e6)
-    assert rows == [probe_module.DECODED, 57]  # then the whole batch: its padded tokens' cost, scaled
+    first[0] = True  # the first decoding is not timed
+    with_time = probe.sentence_seconds(model, greedy, deadline=clock[0] + 1e6 + 1e4)
+    untimed, timed = probe_module.UNTIMED, probe_module.DECODED
+    assert rows == [untimed, timed, 57]  # then the whole batch: its padded tokens' cost, scaled
     assert with_time * 600 == pytest.approx(validation_s, rel=0.15)
     rows.clear()
     without = probe.sentence_seconds(model, greedy, deadline=clock[0])
-    assert rows == [probe_module.DECODED] and without > with_time  # fewer rows: more per token
+    assert rows == [untimed, timed] and without > with_time  # fewer rows: more per token
     rows.clear()
     some = probe.sentence_seconds(model, greedy, deadline=clock[0] + 900.0)  # 312 for the first 32 rows
-    assert probe_module.DECODED < rows[1] < 57 and with_time < some < without
+    assert timed < rows[2] < 57 and with_time < some < without
 
 
 def test_timed_steps_go_round_the_batches_until_their_time_is_up(corpus: Path, tmp_path: Path) -> None:

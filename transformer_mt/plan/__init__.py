@@ -78,9 +78,11 @@ class Plan:
         rows = [[key, _shown(self.values[key]), self.sources[key], self.reasons.get(key, "")]
                 for key in self.values]
         m, checked = self.measured, calibrated(self)
+        shapes = (f", {m['shape_speeds']} at the small shape's batch (shape: tokens/s)"
+                  if "shape_speeds" in m else "")
         return (markdown_table(["key", "value", "from", "why"], rows, align="llll") +
                 f"\nmeasured in {m['probe_seconds']:.1f}s: {m['tokens_per_s']:.0f} target tokens/s at "
-                f"{m['batch_speeds']} (batch: tokens/s); expected {m['updates']:.0f} updates, "
+                f"{m['batch_speeds']} (batch: tokens/s){shapes}; expected {m['updates']:.0f} updates, "
                 f"{m['epochs']:.2f} epochs of {m['steps_per_epoch']} updates; one validation "
                 f"{m['validation_seconds']:.1f}s" + (f"\n{checked}" if checked else ""))
 

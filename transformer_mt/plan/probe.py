@@ -29,6 +29,7 @@ STEPS = 4  # timed optimizer steps per batch size at least, after two untimed on
 ALWAYS_TIMED = 2  # batch sizes measured whatever the deadline: the larger ones' speed is not a guess
 POOL = 64  # batches of the run's first epoch that the timed steps go round
 DECODED = 32  # validation sentences decoded first to time one (more, where the probe has time)
+UNTIMED = 2  # sentences (and pairs of the loss) run once before timing: a GPU's first calls set up kernels
 AS_FAST = 0.9  # a doubling that gains less than 10% tokens/s: the device is busy already, stop measuring
 LOSS_PAIRS = 200  # validation pairs whose loss is timed
 
@@ -132,6 +133,9 @@ class Probe:
         state = rng_state()
         try:
             model = build_model(model_cfg, self.data.vocab).to(self.device).eval()
+            validation_loss(model, valid.subset(range(min(UNTIMED, len(valid)))), batch_tokens, self.device,
+                            self.amp)
+            synchronize(self.device)
             start = time.perf_counter()
             validation_loss(model, timed, batch_tokens, self.device, self.amp)
             synchronize(self.device)
@@ -143,9 +147,10 @@ class Probe:
     def sentence_seconds(self, model: Transformer, decoding: SearchConfig, deadline: float) -> float:
         """Seconds per sentence of validation's decoding: the padded tokens of its batches (a batch decodes
         each row for its longest source) at what one costs in the batch of validation's median sentence,
-        whose rows share each step as validation's do (fewer rows cost more per token). DECODED of its
-        rows are timed first; then as many more as `deadline` leaves time for. An untrained model never
-        ends a sentence, so each is decoded to its source's length, about what a trained one writes."""
+        whose rows share each step as validation's do (fewer rows cost more per token). UNTIMED of its
+        rows are decoded first, then DECODED timed, then as many more as `deadline` leaves time for. An
+        untrained model never ends a sentence, so each is decoded to its source's length, about what a
+        trained one writes."""
         src = self.data.valid.src_ids[:VALID_SENTENCES]
         as_long = DecodingConfig(**{**dataclasses.asdict(decoding), "max_len_a": 1.0, "max_len_b": 1})
         batches = decoding_batches([len(s) for s in src], as_long, self.device)
@@ -162,6 +167,7 @@ class Probe:
             synchronize(self.device)
             return (time.perf_counter() - start) / padded(middle)
 
+        seconds_per_token(min(UNTIMED, len(batch)))  # (untimed)
         per_token = seconds_per_token(min(DECODED, len(batch)))
         row_s = per_token * padded(batch) / len(batch)
         more = min(len(batch), int((deadline - time.perf_counter()) / row_s))
