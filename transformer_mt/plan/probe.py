@@ -63,9 +63,9 @@ class Probe:
         (on a GPU, whose speed grows with the batch far beyond a CPU's, the sweep's time goes to the
         sizes in question)."""
         speeds: dict[int, float] = {}
-        self.timings = {}
+        self.timings, skip_below = {}, 0
         for size in batches:
-            if speeds and least is not None and size < least(next(iter(speeds.values()))):
+            if size < skip_below:
                 continue
             started = time.perf_counter()
             if len(speeds) >= ALWAYS_TIMED and started + self.cost(size) > self.deadline:
@@ -83,6 +83,8 @@ class Probe:
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
             self.timings[size], self._timed = (time.perf_counter() - started, *self._timed), (0.0, 0.0)
+            if len(speeds) == 1 and least is not None:
+                skip_below = least(speeds[size])
             if len(speeds) > 1 and speeds[size] < list(speeds.values())[-2] / AS_FAST:
                 break
         return speeds
@@ -92,8 +94,9 @@ class Probe:
         untimed part (model, batches, warm-up steps) and its steps grow with the tokens a step holds,
         and by `compute`, another model's compute per token over the measured one's; its timed steps
         go on for seconds_per_size at least."""
-        took, timed, step = self.timings[max(b for b in self.timings if b <= size)]
-        scale = size / max(b for b in self.timings if b <= size) * compute
+        measured = max(b for b in self.timings if b <= size)
+        took, timed, step = self.timings[measured]
+        scale = size / measured * compute
         return (took - timed) * scale + max(self.seconds_per_size, STEPS * step * scale) + step * scale
 
     def tokens_per_s_within(self, model_cfg: ModelConfig, batch_tokens: int, compute: float) -> float | None:
