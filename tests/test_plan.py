@@ -161,13 +161,14 @@ class _Length:
         return self.seconds * tokens_per_s / batch_tokens
 
 
-def test_the_plan_takes_unmeasured_batches_as_fast_as_the_largest_measured_below_them() -> None:
+def test_the_plan_skips_batches_it_would_pass_over_and_weighs_those_it_did_not_measure() -> None:
     planner = planning._Planner(TrainConfig(), set(), world_size=1)
     speeds = {512: 1000, 1024: 1020, 2048: 1040, 4096: 1050}
     cpu = _Speeds(speeds)  # at 512's speed the rule takes 2048: 1024 is skipped; 2048 gains too little
     planned = planner.batch(cpu, ModelConfig(), _Length(5000))  # type: ignore[arg-type]
     assert cpu.measured == [512, 2048] and planned[:2] == (2048, 1040)
-    assert planned.weighed[1024] == 1000 and planned.weighed[4096] == 1040  # what a check of it rescales
+    # what a check of it rescales: 1024 between 512 and 2048, 4096 as 2048
+    assert planned.weighed[1024] == pytest.approx((1000 * 1040) ** 0.5) and planned.weighed[4096] == 1040
     short = _Speeds(speeds)  # at 512's speed the rule takes 512: nothing to skip
     assert planner.batch(short, ModelConfig(), _Length(1000))[0] == 512 and short.measured == [512, 1024]  # type: ignore[arg-type]
     full = _Speeds({512: 1000, 1024: 2000, 2048: -1})  # 2048 runs out of memory: 1024 at most

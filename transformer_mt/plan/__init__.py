@@ -236,11 +236,12 @@ class _Planner:
         return self.weigh(probe.batch_speeds(model, least=least), probe.too_large, length)
 
     def weigh(self, measured: dict[int, float], too_large: int | None, length: RunLength) -> Batch:
-        """The batch rule on the sizes from the smallest measured to the one that ran out of memory, each
-        taken to train as fast as the largest measured size at or below it (a larger batch never trains
-        slower: a size the probe skipped or did not reach is underestimated)."""
+        """The batch rule on the sizes from the smallest measured to the one that ran out of memory. A size
+        the probe skipped takes the speed between those of the measured sizes around it, as a power of
+        the batch; one past the largest measured, that one's (a larger batch never trains slower: this
+        underestimates it)."""
         sizes = [b for b in rules.BATCH_CANDIDATES if min(measured) <= b < (too_large or math.inf)]
-        speeds = {b: measured[max(m for m in measured if m <= b)] for b in sizes}
+        speeds = {b: _between(measured, b) for b in sizes}
         updates = _updates(length, speeds, after=max(measured))
         b = rules.batch_tokens(updates, length.batches_per_update)
         return Batch(self.pick("training.batch_tokens", b, rules.batch_why(updates[b])), speeds[b], measured,
@@ -336,6 +337,17 @@ def make(cfg: TrainConfig, data: PreparedData, device: torch.device, amp: torch.
         "updates": updates, "epochs": epochs, "steps_per_epoch": steps_per_epoch, "ends_by": ends_by,
         "validation_seconds": validation_s, "probe_seconds": time.perf_counter() - started}
     return planner.plan
+
+
+def _between(measured: dict[int, float], size: int) -> float:
+    """The speed at `size` on the line through the measured sizes around it in log-log scale; past the
+    largest, the largest's."""
+    below = max(b for b in measured if b <= size)
+    above = min((b for b in measured if b > size), default=None)
+    if above is None or below == size:
+        return measured[below]
+    return measured[below] * (measured[above] / measured[below]) ** (math.log(size / below) /
+                                                                     math.log(above / below))
 
 
 def _updates(length: RunLength, speeds: dict[int, float], after: int) -> dict[int, float]:
