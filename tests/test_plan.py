@@ -324,6 +324,33 @@ def test_a_larger_shape_is_measured_where_its_flops_would_keep_the_small_one(cor
                                                              "base": round(share * speed)}
 
 
+def test_a_real_probe_times_the_larger_shape_from_its_own_sweep(corpus: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe's bookkeeping on real steps: each size's measurement split into timed steps and the rest,
+    and the larger shape measured at the small one's batch when its predicted cost fits (the shapes
+    planned here are `tiny` and `small`, for the test's time)."""
+    import time
+
+    from transformer_mt.data import prepare_data
+    from transformer_mt.plan.length import RunLength
+
+    monkeypatch.setattr(rules, "SIZES", ("tiny", "small"))
+    cfg = compose("train", tiny_overrides(corpus, tmp_path / "run"))
+    data = prepare_data(cfg.dataset, cfg.tokenizer)
+    now = time.perf_counter()
+    probe = Probe(data, torch.device("cpu"), None, None, seed=1, deadline=now, seconds_per_size=0.05,
+                  shape_deadline=now + 600)
+    length = RunLength(data, 60.0, now, 1, 1, 1, None)
+    planner = planning._Planner(cfg, set(), world_size=1)
+    model, batch = planner.shape(probe, data, length)  # type: ignore[arg-type]
+    assert len(batch.measured) == 2
+    assert all(took > timed > step > 0 for took, timed, step in probe.timings.values())
+    assert probe.cost(4 * max(batch.measured)) > probe.cost(max(batch.measured))
+    speeds = planner.plan.measured["shape_speeds"]
+    assert speeds["tiny"] > speeds["small"] > 0 and model == planning.shape("tiny", cfg.model)
+    assert planner.plan.reasons["model.d_model"].endswith(f"(small measured at {batch.tokens})")
+
+
 # -- the batch checked against training --------------------------------------------------------------
 class _Epochs:
     """A run length whose updates hold 0.8 target tokens per batch token, in epochs of `steps` updates."""

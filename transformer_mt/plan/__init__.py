@@ -250,11 +250,11 @@ class _Planner:
     def shape(self, probe: Probe, data: PreparedData, length: RunLength) -> tuple[ModelConfig, Batch]:
         """The model's shape (unless chosen) and its batch: the largest shape that the budget trains on
         one target token per parameter. The small shape's batch sizes are measured; each larger shape's
-        speed is the small one's scaled by its FLOPs per token, a lower bound (a larger model uses a
-        device at least as well). When that bound keeps the small shape, the larger one is measured at
-        the small one's batch where the probe has time: on a GPU that a small model leaves mostly idle,
-        a larger one trains nearly as fast. A measured larger shape takes the small one's batch sizes,
-        their speeds scaled by its own."""
+        speed is the small one's scaled by its FLOPs per token, about a lower bound (a larger model
+        uses a device about as well or better). When that keeps the small shape, the larger one is
+        measured at the small one's batch where the probe has time: on a GPU that a small model leaves
+        mostly idle, a larger one trains nearly as fast. A measured larger shape takes the small one's
+        batch sizes, their speeds scaled by its own."""
         if SHAPE[0] in self.yours:
             model, size, why = self.cfg.model, "", ""
             batch = self.batch(probe, model, length)
@@ -267,7 +267,7 @@ class _Planner:
             size, why = self.size(speeds, data, shapes, length), f"{larger}'s speed from FLOPs"
             measured = None if size != small else probe.tokens_per_s_within(shapes[larger], batch.tokens,
                                                                             compute[larger])
-            if measured and measured > speeds[larger]:
+            if measured:
                 speeds[larger], why = measured, f"{larger} measured at {batch.tokens}"
                 size = self.size(speeds, data, shapes, length)
                 if size == larger:
