@@ -319,6 +319,7 @@ def test_a_larger_shape_is_measured_where_its_flops_would_keep_the_small_one(cor
         assert model == shapes[chosen] and (deadline == 0.0) != (("larger", small_batch) in probe.measured)
         if chosen == "base":
             assert batch.tokens <= small_batch and batch.tokens_per_s == pytest.approx(share * speed)
+            assert batch.measured == {small_batch: share * speed}
             assert planner.plan.reasons["model.d_model"].endswith(f"(base measured at {small_batch})")
             assert planner.plan.measured["shape_speeds"] == {"small": round(speed),
                                                              "base": round(share * speed)}

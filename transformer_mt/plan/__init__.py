@@ -270,10 +270,10 @@ class _Planner:
             if measured:
                 speeds[larger], why = measured, f"{larger} measured at {batch.tokens}"
                 size = self.size(speeds, data, shapes, length)
-                if size == larger:
-                    level = measured / batch.tokens_per_s
+                if size == larger:  # (what the probe measured of it: one size)
+                    level, at = measured / batch.tokens_per_s, batch.tokens
                     batch = self.weigh({b: v * level for b, v in batch.measured.items()}, probe.too_large,
-                                       length)
+                                       length)._replace(measured={at: measured})
             elif size != small:
                 batch = self.batch(probe, shapes[size], length)
             model = shapes[size]
