@@ -323,6 +323,13 @@ def test_a_larger_shape_is_measured_where_its_flops_would_keep_the_small_one(cor
             assert planner.plan.reasons["model.d_model"].endswith(f"(base measured at {small_batch})")
             assert planner.plan.measured["shape_speeds"] == {"small": round(speed),
                                                              "base": round(share * speed)}
+    # Where FLOPs alone choose the larger shape, its own sweep goes on to the shape's deadline, not the
+    # small one's (past here: it measured two sizes)
+    growing = {b: 4 * speed * b / 512 for b in rules.BATCH_CANDIDATES}  # a GPU far from saturated
+    probe = _Speeds(growing, deadline=0.0, shape_deadline=float("inf"))
+    model, _ = planning._Planner(cfg, set(), world_size=1).shape(probe, data, _Length(seconds))  # type: ignore[arg-type]
+    swept = [m for m in probe.measured if isinstance(m, tuple)]
+    assert model == shapes["base"] and len(probe.measured) - len(swept) == 2 and len(swept) > 2
 
 
 def test_a_real_probe_times_the_larger_shape_from_its_own_sweep(corpus: Path, tmp_path: Path,

@@ -222,8 +222,9 @@ class _Planner:
         self.plan.sources[key], self.plan.reasons[key] = ("you", "") if mine else ("plan", why)
         return self.plan.values[key]
 
-    def batch(self, probe: Probe, model: ModelConfig, length: RunLength) -> Batch:
-        """The batch size, its tokens/s and what the probe measured."""
+    def batch(self, probe: Probe, model: ModelConfig, length: RunLength, deadline: float | None = None
+              ) -> Batch:
+        """The batch size, its tokens/s and what the probe measured (by `deadline`, else the sweep's)."""
         if "training.batch_tokens" in self.yours:
             b = self.cfg.training.batch_tokens
             speed = probe.batch_speeds(model, (b,))[b]
@@ -233,7 +234,7 @@ class _Planner:
             updates = _updates(length, dict.fromkeys(rules.BATCH_CANDIDATES, speed), after=0)
             return rules.batch_tokens(updates, length.batches_per_update)
 
-        return self.weigh(probe.batch_speeds(model, least=least), probe.too_large, length)
+        return self.weigh(probe.batch_speeds(model, least=least, deadline=deadline), probe.too_large, length)
 
     def weigh(self, measured: dict[int, float], too_large: int | None, length: RunLength) -> Batch:
         """The batch rule on the sizes from the smallest measured to the one that ran out of memory. A size
@@ -274,8 +275,8 @@ class _Planner:
                     level, at = measured / batch.tokens_per_s, batch.tokens
                     batch = self.weigh({b: v * level for b, v in batch.measured.items()}, probe.too_large,
                                        length)._replace(measured={at: measured})
-            elif size != small:
-                batch = self.batch(probe, shapes[size], length)
+            elif size != small:  # its sweep has the time the larger shape's measurement would have had
+                batch = self.batch(probe, shapes[size], length, probe.shape_deadline)
             model = shapes[size]
             self.plan.measured["shape_speeds"] = {s: round(v) for s, v in speeds.items()}
         for key in SHAPE:

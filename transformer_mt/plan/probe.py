@@ -46,14 +46,15 @@ class Probe:
     deadline: float  # time.perf_counter() value: no batch size whose measurement would end later starts
     pad_to_multiple: int = 1  # the run's batch padding (runtime.pad_to_multiple), so that shapes match
     seconds_per_size: float = 0.0  # timed steps at one batch size go on this long (at least STEPS)
-    shape_deadline: float = math.inf  # the same, for the larger model shape's one measurement
+    shape_deadline: float = math.inf  # the same, for the larger model shape's measurements
     too_large: int | None = None  # the batch size that ran out of memory, if one did
     # the last sweep's measurements: (seconds each took, of them its timed steps, seconds per step)
     timings: dict[int, tuple[float, float, float]] = field(default_factory=dict, init=False, repr=False)
     _timed: tuple[float, float] = field(default=(0.0, 0.0), init=False, repr=False)  # tokens_per_s's last
 
     def batch_speeds(self, model_cfg: ModelConfig, batches: tuple[int, ...] = BATCH_CANDIDATES,
-                     least: Callable[[float], int] | None = None) -> dict[int, float]:
+                     least: Callable[[float], int] | None = None, deadline: float | None = None
+                     ) -> dict[int, float]:
         """Training target tokens/s at each batch size, smallest first, until a doubling no longer gains
         10%, the device runs out of memory, or the next size would end past the deadline (the first
         ALWAYS_TIMED sizes are measured whatever the deadline: a short budget's deadline would otherwise
@@ -61,14 +62,15 @@ class Probe:
         `least(its tokens/s)` are skipped: `least` is the size the plan would choose were every size as
         slow as the first, and a larger batch never trains slower, so the plan chooses no smaller one
         (on a GPU, whose speed grows with the batch far beyond a CPU's, the sweep's time goes to the
-        sizes in question)."""
+        sizes in question). `deadline`: another than the sweep's (the larger shape's sweep has its own)."""
+        deadline = self.deadline if deadline is None else deadline
         speeds: dict[int, float] = {}
         self.timings, skip_below = {}, 0
         for size in batches:
             if size < skip_below:
                 continue
             started = time.perf_counter()
-            if len(speeds) >= ALWAYS_TIMED and started + self.cost(size) > self.deadline:
+            if len(speeds) >= ALWAYS_TIMED and started + self.cost(size) > deadline:
                 break
             try:
                 speeds[size] = self.tokens_per_s(model_cfg, size)
