@@ -38,8 +38,7 @@ class TrainingEpochs:
 
     def __call__(self, epoch: int) -> tuple[EncodedSplit, TokenBatchSampler]:
         """(pairs, sampler) of `epoch`: the sampler's batches(epoch, ...) index the pairs."""
-        cut = self.rest is not None and self.rest[0] in (epoch, self._latest and self._latest[0])
-        if self._latest is None or (self._latest[0] != epoch and (self._varies or cut)):
+        if self._latest is None or (self._latest[0] != epoch and (self._varies or self.rest is not None)):
             split = self.train if self.subwords is None else self._resegment(epoch)
             if self.mixture is not None:
                 rows = self.mixture.rows(epoch)
