@@ -22,7 +22,7 @@ from transformer_mt.errors import TrainingError
 from transformer_mt.plan import calibration, rules
 from transformer_mt.plan import probe as probe_module
 from transformer_mt.plan.calibration import Calibration
-from transformer_mt.plan.probe import Probe
+from transformer_mt.plan.probe import Probe, Timing
 
 # A short budget keeps the probe (a share of it) short; the tiny run's epochs still end it first.
 PLANNED = {"training.plan": "auto", "training.max_minutes": 5}
@@ -130,12 +130,12 @@ class _Speeds(Probe):
                          deadline=deadline, shape_deadline=shape_deadline)
         self.speeds, self.measured, self.larger = speeds, [], larger  # a larger shape's share of the speed
 
-    def tokens_per_s(self, model_cfg: ModelConfig, batch_tokens: int) -> float:
+    def measure(self, model_cfg: ModelConfig, batch_tokens: int) -> Timing:
         larger = model_cfg.d_model > ModelConfig().d_model
         self.measured.append(("larger", batch_tokens) if larger else batch_tokens)
         if self.speeds[batch_tokens] < 0:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return self.speeds[batch_tokens] * (self.larger if larger else 1.0)
+        return Timing(self.speeds[batch_tokens] * (self.larger if larger else 1.0), 0.0, 0.0)
 
 
 def test_the_probe_doubles_the_batch_while_it_gains_and_stops_at_its_deadline() -> None:
@@ -184,9 +184,9 @@ def test_the_probe_starts_no_batch_size_that_would_end_past_its_deadline(
     monkeypatch.setattr(probe_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
 
     class Timed(_Speeds):
-        def tokens_per_s(self, model_cfg: ModelConfig, batch_tokens: int) -> float:
+        def measure(self, model_cfg: ModelConfig, batch_tokens: int) -> Timing:
             clock[0] += batch_tokens / 512  # each doubling takes twice as long
-            return super().tokens_per_s(model_cfg, batch_tokens)
+            return super().measure(model_cfg, batch_tokens)
 
     gpu = Timed({512: 1e4, 1024: 2e4, 2048: 4e4, 4096: 8e4}, deadline=10.0)
     # 512 ends at 1 s, 1024 at 3, 2048 (expected to end at 7) at 7; 4096 would end at 15: not started
@@ -205,12 +205,11 @@ def test_the_next_size_is_expected_to_take_its_timed_seconds_and_twice_the_rest(
     monkeypatch.setattr(probe_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
 
     class Timed(_Speeds):
-        def tokens_per_s(self, model_cfg: ModelConfig, batch_tokens: int) -> float:
+        def measure(self, model_cfg: ModelConfig, batch_tokens: int) -> Timing:
             step = 0.01 * batch_tokens / 512 if self.slow else 0.01  # a CPU's steps grow with the batch
             timed = max(self.seconds_per_size, probe_module.STEPS * step)
             clock[0] += 0.2 * batch_tokens / 512 + timed  # the untimed rest grows with the batch
-            self._timed = (timed, step)
-            return super().tokens_per_s(model_cfg, batch_tokens)
+            return super().measure(model_cfg, batch_tokens)._replace(timed_s=timed, step_s=step)
 
     gpu = Timed({512: 1e4, 1024: 2e4, 2048: 4e4, 4096: 8e4}, deadline=5.0)
     gpu.seconds_per_size, gpu.slow = 1.0, False
@@ -521,6 +520,7 @@ def test_a_run_goes_on_at_the_checked_batch_and_resumes_at_it(
     with caplog.at_level(logging.INFO):
         tmt.train([f"resume={resumed}", "training.epochs=3"])
     assert f"epoch 3 step {result['steps'] + 24} (batch 24/24)" in caplog.text  # 24 batches of 512 tokens
+    assert "epoch 1: 12 batches" not in caplog.text  # epoch 1's rest is cut from its first batches quietly
 
 
 def test_a_run_stopped_in_the_rest_of_a_resized_epoch_resumes_bit_exact(

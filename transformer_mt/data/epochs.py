@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -38,21 +39,9 @@ class TrainingEpochs:
 
     def __call__(self, epoch: int) -> tuple[EncodedSplit, TokenBatchSampler]:
         """(pairs, sampler) of `epoch`: the sampler's batches(epoch, ...) index the pairs."""
-        if self._latest is None or (self._latest[0] != epoch and (self._varies or self.rest is not None)):
-            split = self.train if self.subwords is None else self._resegment(epoch)
-            if self.mixture is not None:
-                rows = self.mixture.rows(epoch)
-                split = split.subset(rows)
-                log.info("epoch %d: %d training pairs: %s", epoch + 1, len(rows), self.mixture.describe(rows))
-            if self.rest is not None and self.rest[0] == epoch:
-                split = split.subset(self.rest[1])
-                log.info("epoch %d goes on with the %d pairs its batches have not held", epoch + 1,
-                         len(split))
-            sampler = TokenBatchSampler(split.lengths(), self.batch_tokens, seed=self.seed,
-                                        pad_to_multiple=self.pad_to_multiple)
-            log.info("epoch %d: %d batches in %d shapes, %.1f%% of their positions padding", epoch + 1,
-                     len(sampler), len(set(sampler.shapes(epoch))), 100 * sampler.padding_fraction(epoch))
-            self._latest = (epoch, split, sampler)
+        if self._stale(epoch):
+            self._latest = (epoch, *self._build(epoch, log.info))
+        assert self._latest is not None
         return self._latest[1], self._latest[2]
 
     def resized(self, batch_tokens: int, epoch: int | None = None, trained: int = 0,
@@ -60,8 +49,8 @@ class TrainingEpochs:
         """The same epochs, cut into batches of another size; with `epoch`, from its `trained` batches
         (of each of `world_size` ranks) on: the rest of it is its pairs that those batches did not hold."""
         rest = None
-        if epoch is not None:
-            split, sampler = self(epoch)
+        if epoch is not None:  # (a resumed run rebuilds the epoch it trained before: not logged again)
+            split, sampler = self._build(epoch, log.debug) if self._stale(epoch) else self(epoch)
             held = np.zeros(len(split), dtype=bool)
             for batch in sampler.batches(epoch)[:trained * world_size]:  # every rank's first batches
                 held[batch] = True
@@ -69,15 +58,34 @@ class TrainingEpochs:
         return TrainingEpochs(self.train, batch_tokens, self.seed, self.subwords, self.pad_to_multiple,
                               self.mixture, rest)
 
+    def _stale(self, epoch: int) -> bool:
+        """Whether `epoch`'s pairs or batches differ from the latest epoch's kept."""
+        return self._latest is None or (self._latest[0] != epoch and (self._varies or self.rest is not None))
+
+    def _build(self, epoch: int, say: Callable[..., None]) -> tuple[EncodedSplit, TokenBatchSampler]:
+        split = self.train if self.subwords is None else self._resegment(epoch, say)
+        if self.mixture is not None:
+            rows = self.mixture.rows(epoch)
+            split = split.subset(rows)
+            say("epoch %d: %d training pairs: %s", epoch + 1, len(rows), self.mixture.describe(rows))
+        if self.rest is not None and self.rest[0] == epoch:
+            split = split.subset(self.rest[1])
+            say("epoch %d goes on with the %d pairs its batches have not held", epoch + 1, len(split))
+        sampler = TokenBatchSampler(split.lengths(), self.batch_tokens, seed=self.seed,
+                                    pad_to_multiple=self.pad_to_multiple)
+        say("epoch %d: %d batches in %d shapes, %.1f%% of their positions padding", epoch + 1, len(sampler),
+            len(set(sampler.shapes(epoch))), 100 * sampler.padding_fraction(epoch))
+        return split, sampler
+
     def batch(self, split: EncodedSplit, indices: list[int]) -> Batch:
         """The examples at indices of an epoch's pairs, padded as the sampler counted them."""
         return split.batch(indices).pad_to(self.pad_to_multiple)
 
-    def _resegment(self, epoch: int) -> EncodedSplit:
+    def _resegment(self, epoch: int, say: Callable[..., None]) -> EncodedSplit:
         assert self.subwords is not None
         started = time.perf_counter()
         split = self.subwords.resegment(self.train, epoch)
         plain, sampled = (int(s.src_lens.sum() + s.tgt_lens.sum()) for s in (self.train, split))
-        log.info("epoch %d: training pairs segmented anew, %d tokens (%+.1f%%) in %.1fs", epoch + 1, sampled,
-                 100 * (sampled / max(plain, 1) - 1), time.perf_counter() - started)
+        say("epoch %d: training pairs segmented anew, %d tokens (%+.1f%%) in %.1fs", epoch + 1, sampled,
+            100 * (sampled / max(plain, 1) - 1), time.perf_counter() - started)
         return split

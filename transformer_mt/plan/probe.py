@@ -10,6 +10,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch._dynamo  # noqa: F401  (a process's first optimizer imports it, for seconds: not in the probe)
@@ -34,6 +35,14 @@ AS_FAST = 0.9  # a doubling that gains less than 10% tokens/s: the device is bus
 LOSS_PAIRS = 200  # validation pairs whose loss is timed
 
 
+class Timing(NamedTuple):
+    """One batch size's measurement: its training speed, and what the next size's cost is predicted from."""
+
+    tokens_per_s: float  # target tokens
+    timed_s: float  # the timed steps' seconds (seconds_per_size at least)
+    step_s: float  # one step of an average batch
+
+
 @dataclass
 class Probe:
     """Where a probe runs and how long it may take."""
@@ -50,7 +59,6 @@ class Probe:
     too_large: int | None = None  # the batch size that ran out of memory, if one did
     # the last sweep's measurements: (seconds each took, of them its timed steps, seconds per step)
     timings: dict[int, tuple[float, float, float]] = field(default_factory=dict, init=False, repr=False)
-    _timed: tuple[float, float] = field(default=(0.0, 0.0), init=False, repr=False)  # tokens_per_s's last
 
     def batch_speeds(self, model_cfg: ModelConfig, batches: tuple[int, ...] = BATCH_CANDIDATES,
                      least: Callable[[float], int] | None = None, deadline: float | None = None
@@ -73,7 +81,7 @@ class Probe:
             if len(speeds) >= ALWAYS_TIMED and started + self.cost(size) > deadline:
                 break
             try:
-                speeds[size] = self.tokens_per_s(model_cfg, size)
+                timing = self.measure(model_cfg, size)
             except torch.OutOfMemoryError as ex:
                 if not speeds:
                     raise TrainingError(f"training.plan=auto: a {size}-token batch of this model does not "
@@ -84,7 +92,8 @@ class Probe:
             finally:
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
-            self.timings[size], self._timed = (time.perf_counter() - started, *self._timed), (0.0, 0.0)
+            speeds[size] = timing.tokens_per_s
+            self.timings[size] = (time.perf_counter() - started, timing.timed_s, timing.step_s)
             if len(speeds) == 1 and least is not None:
                 skip_below = least(speeds[size])
             if len(speeds) > 1 and speeds[size] < list(speeds.values())[-2] / AS_FAST:
@@ -102,20 +111,19 @@ class Probe:
         return (took - timed) * scale + max(self.seconds_per_size, STEPS * step * scale) + step * scale
 
     def tokens_per_s_within(self, model_cfg: ModelConfig, batch_tokens: int, compute: float) -> float | None:
-        """tokens_per_s of another model at a batch size, if its cost (`compute`: its compute per token
-        over the swept model's) ends its measurement by shape_deadline and the model fits; else None."""
+        """Another model's training tokens/s at a batch size, if its cost (`compute`: its compute per
+        token over the swept model's) ends its measurement by shape_deadline and the model fits; else None."""
         if time.perf_counter() + self.cost(batch_tokens, compute) > self.shape_deadline:
             return None
         try:
-            return self.tokens_per_s(model_cfg, batch_tokens)
+            return self.measure(model_cfg, batch_tokens).tokens_per_s
         except torch.OutOfMemoryError:
             return None
         finally:
-            self._timed = (0.0, 0.0)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
 
-    def tokens_per_s(self, model_cfg: ModelConfig, batch_tokens: int) -> float:
+    def measure(self, model_cfg: ModelConfig, batch_tokens: int) -> Timing:
         """Target tokens/s of real optimizer steps on the first batches of the run's first epoch (a random
         sample of its lengths), timed for seconds_per_size: a few steps on a CPU are too noisy."""
         state = rng_state()
@@ -126,8 +134,8 @@ class Probe:
                                             seconds=self.seconds_per_size, min_steps=STEPS)
         finally:
             set_rng_state(state)
-        self._timed = (seconds, seconds * sum(b.n_tgt_tokens for b in batches) / len(batches) / tokens)
-        return tokens / seconds
+        step_s = seconds * sum(b.n_tgt_tokens for b in batches) / len(batches) / tokens
+        return Timing(tokens / seconds, seconds, step_s)
 
     def validation_seconds(self, model_cfg: ModelConfig, decoding: SearchConfig, batch_tokens: int,
                            deadline: float) -> float:
