@@ -156,6 +156,22 @@ def test_the_parents_weight_average_is_carried_over(tiny_run: Path, tmp_path: Pa
     assert int(trainer.ema.averaged.n_averaged) == 7
 
 
+def test_a_planned_fine_tuning_run_keeps_the_parents_shape_and_plans_the_rest(tiny_run: Path,
+                                                                              tmp_path: Path) -> None:
+    from transformer_mt import plan as planning
+    from transformer_mt.plan import rules
+
+    run_dir = tmp_path / "run"
+    tmt.train(finetune_overrides(tiny_run, run_dir, "training.plan=auto", "training.max_minutes=5"))
+    plan = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))["plan"]
+    parent = load_checkpoint(tiny_run / BEST)["config"]["model"]
+    for key in planning.SHAPE:
+        assert plan["sources"][key] == "parent" and plan["values"][key] == parent[key.split(".")[1]], key
+    assert plan["sources"]["training.lr"] == "plan"  # the peak of training from scratch, at its d_model
+    assert plan["values"]["training.lr"] == rules.peak_lr(parent["d_model"])
+    assert json.loads((run_dir / "result.json").read_text(encoding="utf-8"))["parent"]
+
+
 @pytest.mark.parametrize(("extra", "named"), [
     (["model.d_model=128"], ["model.d_model=128", "parent's 64"]),
     (["tokenizer.vocab_size=500"], ["tokenizer.vocab_size=500", "parent's 400"]),

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from transformer_mt import distributed
+from transformer_mt import distributed, finetune
 from transformer_mt.config import CONFIG_DIR, ModelConfig, TrainConfig
 from transformer_mt.data import PreparedData
 from transformer_mt.data.epochs import TrainingEpochs
@@ -51,7 +51,8 @@ UNTIL_THE_BUDGET = 1000  # training.epochs when the budget ends the run
 
 @dataclass
 class Plan:
-    """Every planned key's value, where it came from ("you" or "plan") and why; what was measured."""
+    """Every planned key's value, where it came from ("you", "plan", or "parent": a fine-tuning run's
+    model is its parent's) and why; what was measured."""
 
     values: dict[str, Any]
     sources: dict[str, str] = field(default_factory=dict)
@@ -121,6 +122,12 @@ def chosen_by_you(cfg: TrainConfig, overrides: Sequence[str]) -> set[str]:
     if "model" in named or cfg.init or yours & set(SHAPE):
         yours |= set(SHAPE)
     return yours
+
+
+def _chooser(cfg: TrainConfig, key: str) -> str:
+    """Who chose a key the plan keeps: a fine-tuning run's parent for what makes its model, else you."""
+    section, name = key.split(".")
+    return "parent" if cfg.init and name not in finetune.OWN_KEYS.get(section, (name,)) else "you"
 
 
 def _get(cfg: TrainConfig, key: str) -> Any:
@@ -219,7 +226,8 @@ class _Planner:
         """The key's value in the plan: yours, or `value` (the plan's, for the reason `why`)."""
         mine = key in self.yours
         self.plan.values[key] = _get(self.cfg, key) if mine else value
-        self.plan.sources[key], self.plan.reasons[key] = ("you", "") if mine else ("plan", why)
+        self.plan.sources[key] = _chooser(self.cfg, key) if mine else "plan"
+        self.plan.reasons[key] = "" if mine else why
         return self.plan.values[key]
 
     def batch(self, probe: Probe, model: ModelConfig, length: RunLength, deadline: float | None = None
