@@ -63,6 +63,7 @@ class TrainingEpochs:
         return self._latest is None or (self._latest[0] != epoch and (self._varies or self.rest is not None))
 
     def _build(self, epoch: int, say: Callable[..., None]) -> tuple[EncodedSplit, TokenBatchSampler]:
+        """`epoch`'s pairs and sampler, each step that makes them told by `say` (a log level's function)."""
         split = self.train if self.subwords is None else self._resegment(epoch, say)
         if self.mixture is not None:
             rows = self.mixture.rows(epoch)

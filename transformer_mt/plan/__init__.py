@@ -127,7 +127,8 @@ def chosen_by_you(cfg: TrainConfig, overrides: Sequence[str]) -> set[str]:
 def _chooser(cfg: TrainConfig, key: str) -> str:
     """Who chose a key the plan keeps: a fine-tuning run's parent for what makes its model, else you."""
     section, name = key.split(".")
-    return "parent" if cfg.init and name not in finetune.OWN_KEYS.get(section, (name,)) else "you"
+    parents = cfg.init and section in finetune.OWN_KEYS and name not in finetune.OWN_KEYS[section]
+    return "parent" if parents else "you"
 
 
 def _get(cfg: TrainConfig, key: str) -> Any:
