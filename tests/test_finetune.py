@@ -163,13 +163,14 @@ def test_a_planned_fine_tuning_run_keeps_the_parents_shape_and_plans_the_rest(ti
 
     run_dir = tmp_path / "run"
     tmt.train(finetune_overrides(tiny_run, run_dir, "training.plan=auto", "training.max_minutes=5"))
-    plan = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))["plan"]
+    result = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
+    plan = result["plan"]
     parent = load_checkpoint(tiny_run / BEST)["config"]["model"]
     for key in planning.SHAPE:
         assert plan["sources"][key] == "parent" and plan["values"][key] == parent[key.split(".")[1]], key
     assert plan["sources"]["training.lr"] == "plan"  # the peak of training from scratch, at its d_model
     assert plan["values"]["training.lr"] == rules.peak_lr(parent["d_model"])
-    assert json.loads((run_dir / "result.json").read_text(encoding="utf-8"))["parent"]
+    assert result["parent"]
 
 
 @pytest.mark.parametrize(("extra", "named"), [
