@@ -265,6 +265,30 @@ def test_the_probe_times_decoding_in_a_batch_like_validations(monkeypatch: pytes
     assert timed < rows[2] < 57 and with_time < some < without
 
 
+def test_the_probe_times_validations_scores_with_the_sources_as_translations(
+        corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A validation's cost per pair: its loss, its decoding and its scores, the last timed on the loss's
+    pairs with each source standing for its translation."""
+    from transformer_mt.data import prepare_data
+
+    cfg = compose("train", tiny_overrides(corpus, tmp_path / "run"))
+    data = prepare_data(cfg.dataset, cfg.tokenizer)
+    clock, scored = [0.0], []
+
+    def score(hypotheses: list[str], references: list[str]) -> None:
+        scored.append((hypotheses, references))
+        clock[0] += 0.002 * len(hypotheses)  # the only timed call that moves the clock
+
+    monkeypatch.setattr(probe_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(probe_module, "score", score)
+    monkeypatch.setattr(Probe, "sentence_seconds", lambda *args: 0.5)
+    probe = Probe(data, torch.device("cpu"), None, None, seed=1, deadline=0.0)
+    per_pair = probe.validation_seconds(cfg.model, cfg.decoding, 256, deadline=0.0)
+    n = min(probe_module.LOSS_PAIRS, len(data.valid))
+    assert scored == [(data.valid.src_text[:n], data.valid.tgt_text[:n])]
+    assert per_pair == pytest.approx(0.5 + 0.002)
+
+
 def test_timed_steps_go_round_the_batches_until_their_time_is_up(corpus: Path, tmp_path: Path) -> None:
     from transformer_mt.checkpoint import build_model
     from transformer_mt.data import prepare_data

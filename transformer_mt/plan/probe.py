@@ -17,8 +17,9 @@ import torch._dynamo  # noqa: F401  (a process's first optimizer imports it, for
 
 from transformer_mt.checkpoint import build_model
 from transformer_mt.config import DecodingConfig, ModelConfig, SearchConfig
-from transformer_mt.data import PreparedData
+from transformer_mt.data import EncodedSplit, PreparedData
 from transformer_mt.errors import TrainingError
+from transformer_mt.metrics import score
 from transformer_mt.model import Transformer
 from transformer_mt.plan.rules import BATCH_CANDIDATES, VALID_SENTENCES
 from transformer_mt.runtime import rng_state, set_rng_state
@@ -139,8 +140,8 @@ class Probe:
 
     def validation_seconds(self, model_cfg: ModelConfig, decoding: SearchConfig, batch_tokens: int,
                            deadline: float) -> float:
-        """Seconds per pair of validation's sample: its loss, timed on up to LOSS_PAIRS pairs, and its
-        decoding (sentence_seconds)."""
+        """Seconds per pair of validation's sample: its loss and its scores, timed on up to LOSS_PAIRS
+        pairs, and its decoding (sentence_seconds)."""
         valid = self.data.valid
         timed = valid.subset(range(min(LOSS_PAIRS, len(valid))))
         state = rng_state()
@@ -153,7 +154,7 @@ class Probe:
             validation_loss(model, timed, batch_tokens, self.device, self.amp)
             synchronize(self.device)
             loss_each = (time.perf_counter() - start) / max(len(timed), 1)
-            return loss_each + self.sentence_seconds(model, decoding, deadline)
+            return loss_each + scoring_seconds(timed) + self.sentence_seconds(model, decoding, deadline)
         finally:
             set_rng_state(state)
 
@@ -187,3 +188,14 @@ class Probe:
         if more > DECODED:
             per_token = seconds_per_token(more)
         return per_token * sum(padded(b) for b in batches) / len(src)
+
+
+def scoring_seconds(pairs: EncodedSplit) -> float:
+    """Seconds per pair of validation's scores (BLEU, chrF, CER, WER), timed with each pair's source as its
+    translation: a text about as long as a translation, unlike its reference as an untrained model's
+    output is (scoring identical texts would take edit distances' shortcuts)."""
+    if not len(pairs) or pairs.src_text is None or pairs.tgt_text is None:
+        return 0.0
+    start = time.perf_counter()
+    score(pairs.src_text, pairs.tgt_text)
+    return (time.perf_counter() - start) / len(pairs)
