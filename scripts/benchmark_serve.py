@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from timing import load_warning, machine  # beside this script
 
@@ -34,11 +35,13 @@ from transformer_mt.tables import markdown_table
 MODES = {"batching on": "batching.enabled=true", "batching off": "batching.enabled=false"}
 
 
-def start_server(checkpoint: str, overrides: list[str]) -> tuple[subprocess.Popen, str, int]:
-    """A `transformer-mt serve` process on a free port; its host and port once it accepts connections."""
+def start_server(checkpoint: str, overrides: list[str],
+                 stderr: Any = None) -> tuple[subprocess.Popen, str, int]:
+    """A `transformer-mt serve` process on a free port (its log to `stderr`, by default this process's);
+    its host and port once it accepts connections."""
     command = [sys.executable, "-m", "transformer_mt", "serve", f"checkpoint={checkpoint}", "port=0",
                *overrides]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -120,11 +123,16 @@ def measure(checkpoint: str, mode: str, extra: list[str], sentences: list[str], 
         result["mean_batch"] = result["sentences"] / batches if batches else 0.0
         return result
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """Ctrl-C the server, and kill it if it has not stopped within 30 s."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,7 +27,7 @@ SCRIPTS = ROOT / "scripts"
 # Every script (a file with a __main__ block) and the test below that runs it.
 TESTED = {"adaptation_study.py", "average_checkpoints.py", "back_translation.py", "benchmark.py",
           "benchmark_data.py", "benchmark_decoding.py", "benchmark_serve.py", "plot_learning_curve.py",
-          "results_table.py"}
+          "results_table.py", "stress_serve.py"}
 
 
 @pytest.fixture
@@ -130,6 +130,18 @@ def test_benchmark_serve(script, tiny_run: Path, tmp_path: Path) -> None:
     for mode in ("batching on", "batching off"):
         assert r["results"][mode]["sentences"] == 4 and r["results"][mode]["sent_s"] > 0
     assert r["speedup"] > 0
+
+
+def test_stress_serve_holds_its_criteria(script, tiny_run: Path, tmp_path: Path) -> None:
+    """Eight clients, two of them hostile, for a few seconds: every well-formed request is served or
+    refused with Retry-After, no 5xx but 503, /health stays fast, and the server serves after."""
+    out = tmp_path / "stress.json"
+    code = script("stress_serve").main([str(tiny_run), "--clients", "8", "--seconds", "4",
+                                        "--sentences", "20", "--health-limit", "2", "--out", str(out)])
+    r = json.loads(out.read_text())
+    assert code == 0, {name: check["value"] for name, check in r["checks"].items() if not check["ok"]}
+    assert r["served"] > 0 and r["rss_max_mib"] > 0
+    assert sum(r["statuses"]["surrogate"].values()) > 0  # the hostile clients did send
 
 
 # -- tools for runs ----------------------------------------------------------------------------------
