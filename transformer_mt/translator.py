@@ -310,3 +310,11 @@ def unfit_inputs(engine: TextTranslator, texts: Sequence[str],
             if len(ids) > limit:
                 found.append(Unfit(side, i, True, f"has {len(ids)} tokens; this model takes at most {limit}"))
     return sorted(found, key=lambda u: (u.side != "text", u.index))
+
+
+def check_default_prefix(engine: TextTranslator) -> None:
+    """ConfigError when decoding.prefix, which every translation without a prefix of its own starts with,
+    does not fit this engine."""
+    if engine.decoding.prefix:
+        for unfit in unfit_inputs(engine, [], [engine.decoding.prefix]):
+            raise ConfigError(f"decoding.prefix {unfit.reason}; shorten it")

@@ -13,6 +13,7 @@ from typing import Any
 from transformer_mt.config import ServeConfig
 from transformer_mt.engine import load_engine
 from transformer_mt.errors import ConfigError
+from transformer_mt.translator import check_default_prefix
 
 log = logging.getLogger(__name__)
 BACKLOG = 2048  # connections the kernel queues before uvicorn accepts them (uvicorn's default)
@@ -52,6 +53,7 @@ def serve(cfg: ServeConfig) -> None:
     sock = listen(cfg.host, cfg.port)
     with contextlib.closing(sock):
         engine = load_engine(cfg)
+        check_default_prefix(engine)
         model = engine.info.get("model_dir") or engine.info.get("checkpoint")
         address = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
         app = create_app(engine, cfg)
