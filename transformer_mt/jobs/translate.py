@@ -22,7 +22,7 @@ from transformer_mt.engine import load_engine
 from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.runtime import atomic_write
 from transformer_mt.search import alignment
-from transformer_mt.translator import TextTranslator, Translation, check_default_prefix, unfit_inputs
+from transformer_mt.translator import TextTranslator, Translation, check_default_prefix
 
 log = logging.getLogger(__name__)
 CHUNK_LINES = 2000  # lines translated together: big enough to batch well, small enough to stream
@@ -123,7 +123,7 @@ def translate_fitting(engine: TextTranslator, sources: list[str], prefixes: list
     """Each line's n-best list, or None for a line the engine cannot take (a prefix too long for the model,
     text that is not valid Unicode), with one error naming each such line: it fails alone, not its chunk.
     A source too long is not refused: the engine cuts it and counts it in `truncated`."""
-    refused = [u for u in unfit_inputs(engine, sources, prefixes) if u.side == "prefix" or not u.too_long]
+    refused = [u for u in engine.unfit_inputs(sources, prefixes) if u.side == "prefix" or not u.too_long]
     unfit = {u.index: u for u in refused}
     failed = [f"line {first_line + i}: its {u.side} {u.reason}" for i, u in sorted(unfit.items())]
     for message in failed:

@@ -35,7 +35,7 @@ from transformer_mt.rules import n_best_in_beam
 from transformer_mt.serve.batcher import Batcher, QueueFull, Search
 from transformer_mt.serve.guard import RequestGuard, max_body_bytes, read_body
 from transformer_mt.tokenizer import EOS
-from transformer_mt.translator import TextTranslator, Translation, unfit_inputs
+from transformer_mt.translator import TextTranslator, Translation
 
 log = logging.getLogger(__name__)
 LATENCY_WINDOW = 10_000  # latest /translate latencies kept for the percentiles
@@ -250,7 +250,7 @@ async def check_fit(engine: TextTranslator, body: TranslateRequest, texts: list[
                     prefixes: list[str] | None) -> None:
     """A 413 naming the first text or prefix with more tokens than the model's positions, or a 422 naming
     one the tokenizer cannot encode; tokenised in a thread, as max_texts long texts can take tens of ms."""
-    unfit = await asyncio.to_thread(unfit_inputs, engine, texts, prefixes)
+    unfit = await asyncio.to_thread(engine.unfit_inputs, texts, prefixes)
     if not unfit:
         return
     first = unfit[0]
