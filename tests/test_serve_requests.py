@@ -217,9 +217,10 @@ def test_sigterm_stops_the_server_cleanly(server: Served) -> None:
                                      data=json.dumps({"text": ["I am cold."] * 8, "beam_size": 4}).encode())
     answers: list[int] = []
     client = threading.Thread(target=lambda: answers.append(urllib.request.urlopen(request, timeout=30).code))
-    with _connect(port) as idle:  # a keep-alive client that stays connected
+    with _connect(port) as idle, _connect(port) as partial:  # a keep-alive client; one amid its body
         idle.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         assert idle.recv(65536).startswith(b"HTTP/1.1 200 ")
+        partial.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{")
         client.start()
         time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)

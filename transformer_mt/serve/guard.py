@@ -11,7 +11,7 @@ import asyncio
 import json
 
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from transformer_mt.config import ServeConfig
@@ -104,6 +104,8 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
 
     try:
         await asyncio.wait_for(gather(), timeout_s)
+    except ClientDisconnect:  # the client hung up, or the server is stopping: nobody reads the answer
+        raise HTTPException(400, "the connection closed before the body arrived") from None
     except asyncio.TimeoutError:
         raise HTTPException(408, f"the body did not arrive within {timeout_s:g} s (limits.body_timeout_s); "
                             "send it at once", headers={"Connection": "close"}) from None
