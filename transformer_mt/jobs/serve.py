@@ -65,10 +65,13 @@ def serve(cfg: ServeConfig) -> None:
 
 
 def http_config(uvicorn: Any, app: Any, cfg: ServeConfig) -> Any:
-    """uvicorn's settings for app: limits.* as its own connection, idle-time and header-size limits."""
+    """uvicorn's settings for app: limits.* as its own connection, idle-time and header-size limits. A stop
+    waits for the requests in flight as long as one may take (its body, then its wait for a translation):
+    past that, uvicorn cancels them and logs each with a traceback."""
     limits = cfg.limits
-    return uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning", timeout_graceful_shutdown=5,
-                          http=_head_timeout_protocol(), backlog=BACKLOG,
+    longest = limits.body_timeout_s + limits.timeout_s
+    return uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
+                          timeout_graceful_shutdown=longest, http=_head_timeout_protocol(), backlog=BACKLOG,
                           limit_concurrency=limits.max_connections, timeout_keep_alive=limits.idle_timeout_s,
                           h11_max_incomplete_event_size=limits.max_header_bytes)
 
