@@ -345,7 +345,7 @@ class BatchingConfig(Section):
 
 @dataclass
 class LimitsConfig(Section):
-    """What one `serve` request may ask for; beyond it, a 413 or 422 with a one-line error."""
+    """What one `serve` request and connection may take; beyond it, a 4xx or 503 with a one-line error."""
 
     KEY = "limits"
     max_texts: int = 64  # texts per request
