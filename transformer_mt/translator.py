@@ -145,8 +145,9 @@ class TextTranslator:
                     item.encode("utf-8")
                     valid.append(i)
                 except UnicodeEncodeError as ex:
-                    found.append(Unfit(side, i, False, f"is not valid Unicode ({ex.reason} at character "
-                                                       f"{ex.start + 1})"))
+                    reason = (f"is not valid Unicode (character {ex.start + 1} is a lone surrogate: half a "
+                              "UTF-16 pair, or a byte that was not UTF-8)")
+                    found.append(Unfit(side, i, False, reason))
             for i, ids in zip(valid, encode([items[i] for i in valid]) if valid else []):
                 if len(ids) > limit:
                     reason = f"has {len(ids)} tokens; this model takes at most {limit}"
