@@ -114,6 +114,8 @@ def test_a_host_outside_allowed_hosts_is_refused_naming_the_key(tiny_run: Path, 
     open_to_all = serve_config(tiny_run, "host=0.0.0.0", "allowed_hosts=[mt.example.org]")
     with TestClient(create_app(engine, open_to_all), base_url="http://mt.example.org:8000") as c:
         assert c.post("/translate", json=body).status_code == 200
+        assert c.get("/health", headers={"Host": "0.0.0.0:8000"}).status_code == 200  # the printed URL
+        _error(c.get("/health", headers={"Host": "rebound.example"}), 400, "allowed_hosts")
     with TestClient(create_app(engine, serve_config(tiny_run, "allowed_hosts=[*]"))) as c:
         assert c.post("/translate", json=body).status_code == 200
 

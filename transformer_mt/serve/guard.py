@@ -24,10 +24,10 @@ BODY_OVERHEAD = 65_536
 
 
 def allowed_hosts(cfg: ServeConfig) -> set[str]:
-    """The Host names answered: allowed_hosts, plus host= when it names one address (not 0.0.0.0 or ::)."""
+    """The Host names answered: allowed_hosts, plus host= as the printed URL names it (the user chose it;
+    with 0.0.0.0, that is what a browser opening the URL sends)."""
     hosts = {h.lower() for h in cfg.allowed_hosts}
-    if cfg.host not in ("0.0.0.0", "::", ""):
-        hosts.add(f"[{cfg.host}]" if ":" in cfg.host else cfg.host.lower())
+    hosts.add(f"[{cfg.host}]" if ":" in cfg.host else cfg.host.lower())
     return hosts
 
 
