@@ -249,7 +249,8 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> TranslateRequest:
 async def check_fit(engine: TextTranslator, body: TranslateRequest, texts: list[str],
                     prefixes: list[str] | None) -> None:
     """A 413 naming the first text or prefix with more tokens than the model's positions, or a 422 naming
-    one the tokenizer cannot encode; tokenised in a thread: a request at the limits takes 0.1-0.4 s."""
+    one the tokenizer cannot encode. Tokenised in a thread: a request at the limits took 0.35 s on two
+    CPU cores, which on the event loop would stall every other request and /health."""
     unfit = await asyncio.to_thread(engine.unfit_inputs, texts, prefixes)
     if not unfit:
         return
