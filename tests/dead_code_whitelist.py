@@ -48,8 +48,11 @@ _.alignments
 http_error
 invalid
 health
-# jobs/serve.py: uvicorn.Server calls its capture_signals, which the serve job overrides.
+# jobs/serve.py: uvicorn.Server calls its capture_signals, which the serve job overrides; asyncio calls
+# the protocol's data_received, and uvicorn's protocol reads its timeout_keep_alive_task.
 _.capture_signals
+_.data_received
+_.timeout_keep_alive_task
 # model/reference.py: nn.TransformerEncoder's settings (read by torch), and `from_model`, which the tests
 # call to load our weights into the reference.
 _.enable_nested_tensor

@@ -34,7 +34,8 @@ SENTENCES = ["He is sleeping.", "I am cold.", "Where is the station?", "", "Tom 
 
 
 def serve_config(run: Path, *overrides: str):
-    return tmt.compose("serve", [f"checkpoint={run}", "device=cpu", "device.num_threads=1", *overrides])
+    return tmt.compose("serve", [f"checkpoint={run}", "device=cpu", "device.num_threads=1",
+                                 "allowed_hosts=[testserver]", *overrides])  # TestClient's Host
 
 
 @pytest.fixture(scope="module")
@@ -204,6 +205,9 @@ class RecordingEngine(TextTranslator):
         self.prefixes: list[object] = []  # each batch's prefixes= argument
         self.hold, self.fail_on = hold, fail_on
         self.info = {}
+
+    def unfit_inputs(self, texts: object, prefixes: object = None) -> list:
+        return []  # upper-casing takes any text
 
     def translate_nbest(self, sentences: list[str], return_attention: bool = False,
                         **options: object) -> list[list[Translation]]:

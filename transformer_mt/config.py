@@ -345,13 +345,17 @@ class BatchingConfig(Section):
 
 @dataclass
 class LimitsConfig(Section):
-    """What one `serve` request may ask for; beyond it, a 413 or 422 with a one-line error."""
+    """What one `serve` request and connection may take; beyond it, a 4xx or 503 with a one-line error."""
 
     KEY = "limits"
     max_texts: int = 64  # texts per request
     max_chars: int = 1000  # characters per text
     max_beam_size: int = 16
     timeout_s: float = 60.0  # a request still waiting after this gets 503
+    body_timeout_s: float = 10.0  # a body still arriving after this gets 408
+    max_header_bytes: int = 16_384  # request line and headers; beyond it, 431
+    max_connections: int = 512  # open connections and requests at once; beyond it, 503
+    idle_timeout_s: float = 5.0  # a connection without a whole request head for this long is closed
 
 
 @dataclass
@@ -360,6 +364,8 @@ class ServeConfig(EngineConfig):
 
     host: str = "127.0.0.1"  # 0.0.0.0 opens the server to other machines
     port: int = 8000
+    # Host headers answered (DNS rebinding guard): loopback names, plus host= itself; ["*"]: any
+    allowed_hosts: list[str] = field(default_factory=lambda: ["127.0.0.1", "localhost", "[::1]"])
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
 
@@ -376,15 +382,6 @@ class ExportConfig:
 
 SCHEMAS: dict[str, type] = {"train": TrainConfig, "evaluate": EvaluateConfig, "translate": TranslateConfig,
                             "export": ExportConfig, "serve": ServeConfig, "score": ScoreConfig}
-
-# Renamed keys (old: new, why): the old name fails in one line naming the new; a resumed run's are moved.
-RENAMED = {
-    "training.valid_beam_size": ("decoding.beam_size", "validation's search during train"),
-    "debug": ("traceback", "debug=<name> picks a debug config: configs/debug/"),
-}
-# Keys `train` used to accept and ignore; a resumed run's saved overrides drop them.
-IGNORED_BY_TRAIN = ("decoding.n_best", "decoding.sampling", "decoding.temperature", "decoding.top_k",
-                    "decoding.top_p")
 
 
 def validate(cfg: Any, complete: bool = True) -> None:

@@ -13,10 +13,13 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep
 
-from transformer_mt.config import IGNORED_BY_TRAIN, RENAMED, ConfigError
-from transformer_mt.typed import unknown_key_message
+from transformer_mt.config import ConfigError
+from transformer_mt.typed import RENAMED, unknown_key_message
 
 log = logging.getLogger(__name__)
+# Keys `train` used to accept and ignore; a resumed run's saved overrides drop them.
+IGNORED_BY_TRAIN = ("decoding.n_best", "decoding.sampling", "decoding.temperature", "decoding.top_k",
+                    "decoding.top_p")
 # Hydra flags that take a value in the next argument; flags after which nothing runs.
 FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
                     "--config-dir", "-cd", "--experimental-rerun"}

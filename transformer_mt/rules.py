@@ -113,6 +113,10 @@ RANGES: dict[str, Rule] = {
     "limits.max_chars": at_least(1),
     "limits.max_beam_size": at_least(1),
     "limits.timeout_s": POSITIVE,
+    "limits.body_timeout_s": POSITIVE,
+    "limits.max_header_bytes": at_least(1024),
+    "limits.max_connections": at_least(1),
+    "limits.idle_timeout_s": POSITIVE,
 }
 
 # Every vocabulary starts with these, ids 0-3 in this order (transformer_mt.tokenizer takes them from
@@ -275,6 +279,8 @@ def _serve_relations(cfg: ServeConfig) -> list[str]:
     if cfg.batching.max_queue < cfg.limits.max_texts:
         found.append(f"batching.max_queue={cfg.batching.max_queue} cannot hold one request of "
                      f"limits.max_texts={cfg.limits.max_texts} texts; raise max_queue")
+    if not cfg.allowed_hosts:
+        found.append("allowed_hosts is empty; list the host names clients use, or allowed_hosts=[*] for any")
     return found
 
 

@@ -100,6 +100,17 @@ class Translation:
     alignment: list[tuple[int, int]] | None = None  # (source word, target word) links, decoding.alignment
 
 
+@dataclass(frozen=True)
+class Unfit:
+    """One text or prefix an engine cannot take as it is: `side` ("text" or "prefix") and `index` name it;
+    `too_long` tells too many tokens from text that cannot be encoded at all."""
+
+    side: str
+    index: int
+    too_long: bool
+    reason: str
+
+
 class TextTranslator:
     """What every engine offers on top of its own `translate_nbest`: strings in, strings out.
 
@@ -109,13 +120,39 @@ class TextTranslator:
     vocab: Vocabulary
     decoding: DecodingConfig
     max_input_tokens: int
+    max_prefix_tokens: int
     truncated: int
 
     def limit_inputs(self, max_positions: int, max_input_tokens: int | None) -> None:
         """Sources are cut to max_input_tokens, and always to the model's positions less one for their
-        <eos>; `truncated` counts the sources cut."""
+        <eos>; `truncated` counts the sources cut. A forced prefix fits the positions less one for <bos>."""
         self.max_input_tokens = min(max_input_tokens or max_positions - 1, max_positions - 1)
+        self.max_prefix_tokens = max_positions - 1
         self.truncated = 0
+
+    def unfit_inputs(self, texts: Sequence[str], prefixes: Sequence[str] | None = None) -> list[Unfit]:
+        """Every text or prefix this engine cannot translate as it is, encoded as `translate_nbest` encodes
+        it: text that is not valid Unicode (a lone UTF-16 surrogate, which the tokenizer rejects), or more
+        tokens than the model has positions for (texts: max_input_tokens, which `encode` would cut them to;
+        prefixes: max_prefix_tokens)."""
+        found: list[Unfit] = []
+        sides = (("text", [t.strip() for t in texts], self.vocab.encode_src, self.max_input_tokens),
+                 ("prefix", list(prefixes or []), self.vocab.encode_tgt, self.max_prefix_tokens))
+        for side, items, encode, limit in sides:
+            valid = []
+            for i, item in enumerate(items):
+                try:
+                    item.encode("utf-8")
+                    valid.append(i)
+                except UnicodeEncodeError as ex:
+                    reason = (f"is not valid Unicode (character {ex.start + 1} is a lone surrogate: half a "
+                              "UTF-16 pair, or a byte that was not UTF-8)")
+                    found.append(Unfit(side, i, False, reason))
+            for i, ids in zip(valid, encode([items[i] for i in valid]) if valid else []):
+                if len(ids) > limit:
+                    reason = f"has {len(ids)} tokens; this model takes at most {limit}"
+                    found.append(Unfit(side, i, True, reason))
+        return sorted(found, key=lambda u: (u.side != "text", u.index))
 
     def translate_nbest(self, sentences: list[str], return_attention: bool = False,
                         prefixes: list[str] | None = None, **options: Any) -> list[list[Translation]]:
@@ -273,3 +310,11 @@ class Translator(TextTranslator):
                                 f"{limit}")
         budget = batch_tokens or self.decoding.batch_tokens_on(self.device)
         return score_pairs(self.model, src_ids, tgt_ids, self.device, budget, self.precision.dtype)
+
+
+def check_default_prefix(engine: TextTranslator) -> None:
+    """ConfigError when decoding.prefix, which every translation without a prefix of its own starts with,
+    does not fit this engine."""
+    if engine.decoding.prefix:
+        for unfit in engine.unfit_inputs([], [engine.decoding.prefix]):
+            raise ConfigError(f"decoding.prefix {unfit.reason}; shorten it")

@@ -1,10 +1,11 @@
-"""The `serve` job: load the model once, then answer HTTP requests until Ctrl-C."""
+"""The `serve` job: claim the port, load the model once, then answer HTTP requests until Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -12,8 +13,10 @@ from typing import Any
 from transformer_mt.config import ServeConfig
 from transformer_mt.engine import load_engine
 from transformer_mt.errors import ConfigError
+from transformer_mt.translator import check_default_prefix
 
 log = logging.getLogger(__name__)
+BACKLOG = 2048  # connections the kernel queues before uvicorn accepts them (uvicorn's default)
 
 
 def _web_stack() -> Any:
@@ -27,12 +30,74 @@ def _web_stack() -> Any:
     return uvicorn, create_app
 
 
-def serve(cfg: ServeConfig) -> None:
-    """Entry point of `transformer-mt serve`: prints the URL once the server accepts connections."""
-    uvicorn, create_app = _web_stack()
-    engine = load_engine(cfg)
-    app = create_app(engine, cfg)
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on host:port, or a one-line ConfigError when it cannot be had (taken, or no such
+    address). Called before the model loads, so a busy port costs nothing and nobody takes it meanwhile."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart need not wait out TIME_WAIT
+    try:
+        sock.bind((host, port))
+        sock.listen(BACKLOG)
+    except OSError as ex:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port} ({ex.strerror or ex}); pick another port= or "
+                          "host=") from None
+    return sock
 
+
+def serve(cfg: ServeConfig) -> None:
+    """Entry point of `transformer-mt serve`: prints the URL once the server accepts connections, and
+    `server stopped` after a graceful stop."""
+    uvicorn, create_app = _web_stack()
+    sock = listen(cfg.host, cfg.port)
+    with contextlib.closing(sock):
+        engine = load_engine(cfg)
+        check_default_prefix(engine)
+        model = engine.info.get("model_dir") or engine.info.get("checkpoint")
+        address = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+        app = create_app(engine, cfg)
+        server = _server_class(uvicorn, f"serving {model} at", address)(http_config(uvicorn, app, cfg))
+        server.run(sockets=[sock])
+    if not server.started:
+        raise ConfigError(f"cannot serve on {cfg.host}:{cfg.port}; the log above says why")
+    print("server stopped", flush=True)
+
+
+def http_config(uvicorn: Any, app: Any, cfg: ServeConfig) -> Any:
+    """uvicorn's settings for app: limits.* as its own connection, idle-time and header-size limits. A stop
+    waits for the requests in flight as long as one may take (its body, then its wait for a translation):
+    past that, uvicorn cancels them and logs each with a traceback."""
+    limits = cfg.limits
+    longest = limits.body_timeout_s + limits.timeout_s
+    return uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
+                          timeout_graceful_shutdown=longest, http=_head_timeout_protocol(), backlog=BACKLOG,
+                          limit_concurrency=limits.max_connections, timeout_keep_alive=limits.idle_timeout_s,
+                          h11_max_incomplete_event_size=limits.max_header_bytes)
+
+
+def _head_timeout_protocol() -> type:
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeadTimeoutProtocol(H11Protocol):
+        """uvicorn's h11 protocol with its keep-alive timer also running from the moment a connection opens
+        until a whole request head has arrived: uvicorn times only the wait between requests, so a client
+        that connects and sends nothing, or sends its head a byte at a time, would hold a socket forever."""
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
+                                                                self.timeout_keep_alive_handler)
+
+        def data_received(self, data: bytes) -> None:
+            # uvicorn's stops the timer on any data; here a whole request head stops it (handle_events)
+            self.conn.receive_data(data)
+            self.handle_events()
+
+    return HeadTimeoutProtocol
+
+
+def _server_class(uvicorn: Any, serving: str, host: str) -> type:
     class Server(uvicorn.Server):
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -52,16 +117,6 @@ def serve(cfg: ServeConfig) -> None:
             await super().startup(sockets=sockets)
             if self.started:  # port=0 picks a free port: report the one the socket got
                 port = self.servers[0].sockets[0].getsockname()[1]
-                print(f"serving {engine.info.get('model_dir') or engine.info.get('checkpoint')} at "
-                      f"http://{cfg.host}:{port}/ (API: http://{cfg.host}:{port}/docs)", flush=True)
+                print(f"{serving} http://{host}:{port}/ (API: http://{host}:{port}/docs)", flush=True)
 
-    server = Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
-                                   timeout_graceful_shutdown=5))
-    try:
-        server.run()
-    except OSError as ex:  # the port is taken, or the host cannot be bound
-        raise ConfigError(f"cannot listen on {cfg.host}:{cfg.port} ({ex.strerror or ex}); "
-                          "pick another port= or host=") from ex
-    if not server.started:
-        raise ConfigError(f"cannot listen on {cfg.host}:{cfg.port}; pick another port= or host=")
-    print("server stopped", flush=True)
+    return Server

@@ -22,7 +22,7 @@ from transformer_mt.engine import load_engine
 from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.runtime import atomic_write
 from transformer_mt.search import alignment
-from transformer_mt.translator import TextTranslator, Translation
+from transformer_mt.translator import TextTranslator, Translation, check_default_prefix
 
 log = logging.getLogger(__name__)
 CHUNK_LINES = 2000  # lines translated together: big enough to batch well, small enough to stream
@@ -97,25 +97,50 @@ def write_attention_png(engine: TextTranslator, sentence: str, path: Path) -> No
     log.info("attention heatmap written to %s", path)
 
 
-def write_lines(engine: TextTranslator, lines: Iterable[str], out: TextIO, cfg: TranslateConfig) -> int:
-    """Translate lines chunk by chunk, writing each chunk's output as soon as it is done; the count."""
-    count = 0
+def write_lines(engine: TextTranslator, lines: Iterable[str], out: TextIO,
+                cfg: TranslateConfig) -> tuple[int, list[str]]:
+    """Translate lines chunk by chunk, writing each chunk's output as soon as it is done; the count, and
+    what was wrong with each line that could not be translated (its output is empty, as for an empty line)."""
+    count, failed = 0, []
+    empty = [Translation("", float("-inf"), alignment=[] if cfg.decoding.alignment else None)]
     for chunk in chunks(lines, CHUNK_LINES):
         prefixes = None
         if cfg.input_format == "tsv":  # source<TAB>prefix: each translation starts with its prefix
             rows = [line.split("\t", 1) for line in chunk]
             chunk, prefixes = [r[0] for r in rows], [r[1] if len(r) > 1 else "" for r in rows]
-        for nbest in engine.translate_nbest(chunk, prefixes=prefixes):
-            for line in format_nbest(nbest, cfg.decoding.n_best, cfg.scores):
+        results, problems = translate_fitting(engine, chunk, prefixes, first_line=count + 1)
+        failed += problems
+        for nbest in results:
+            for line in format_nbest(nbest or empty, cfg.decoding.n_best, cfg.scores):
                 out.write(line + "\n")
         out.flush()
         count += len(chunk)
-    return count
+    return count, failed
+
+
+def translate_fitting(engine: TextTranslator, sources: list[str], prefixes: list[str] | None,
+                      first_line: int) -> tuple[list[list[Translation] | None], list[str]]:
+    """Each line's n-best list, or None for a line the engine cannot take (a prefix too long for the model,
+    text that is not valid Unicode), with one error naming each such line: it fails alone, not its chunk.
+    A source too long is not refused: the engine cuts it and counts it in `truncated`."""
+    refused = [u for u in engine.unfit_inputs(sources, prefixes) if u.side == "prefix" or not u.too_long]
+    unfit = {u.index: u for u in refused}
+    failed = [f"line {first_line + i}: its {u.side} {u.reason}" for i, u in sorted(unfit.items())]
+    for message in failed:
+        log.error("%s; its output is empty", message)
+    results: list[list[Translation] | None] = [None] * len(sources)
+    fit = [i for i in range(len(sources)) if i not in unfit]
+    if fit:
+        starts = [prefixes[i] for i in fit] if prefixes else None
+        for i, nbest in zip(fit, engine.translate_nbest([sources[i] for i in fit], prefixes=starts)):
+            results[i] = nbest
+    return results, failed
 
 
 def translate(cfg: TranslateConfig) -> None:
     """Entry point of `transformer-mt translate`."""
     engine = load_engine(cfg)
+    check_default_prefix(engine)
     if cfg.attention_png:
         if cfg.text is None:
             raise ConfigError("attention_png needs a sentence given as text=...")
@@ -134,10 +159,13 @@ def translate(cfg: TranslateConfig) -> None:
         else:
             lines = utf8_lines(sys.stdin.buffer, "stdin")
         buffer = io.StringIO() if cfg.output else None
-        count = write_lines(engine, lines, buffer if buffer is not None else sys.stdout, cfg)
+        count, failed = write_lines(engine, lines, buffer if buffer is not None else sys.stdout, cfg)
     if buffer is not None:
         atomic_write(Path(cfg.output), lambda f: f.write(buffer.getvalue().encode("utf-8")))
         log.info("%d lines translated into %s", count, cfg.output)
     if engine.truncated:
         log.warning("%d inputs were longer than %d tokens and were cut", engine.truncated,
                     engine.max_input_tokens)
+    if failed:
+        raise DataError(f"{len(failed)} of {count} lines could not be translated and have empty output "
+                        f"(first: {failed[0]}); shorten or fix them")

@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import statistics
+import sys
 import time
 from collections.abc import AsyncIterator
 from importlib import resources
@@ -32,6 +33,7 @@ from transformer_mt.config import ServeConfig
 from transformer_mt.errors import UserError
 from transformer_mt.rules import n_best_in_beam
 from transformer_mt.serve.batcher import Batcher, QueueFull, Search
+from transformer_mt.serve.guard import RequestGuard, max_body_bytes, read_body
 from transformer_mt.tokenizer import EOS
 from transformer_mt.translator import TextTranslator, Translation
 
@@ -80,8 +82,12 @@ class ErrorResponse(BaseModel):
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": why} for code, why in (
-        (400, "the body is not UTF-8 JSON"), (413, "too many texts, or a text too long"),
-        (422, "a field is missing, of the wrong type or out of range"),
+        (400, "the body is not UTF-8 JSON, or the Host is not in allowed_hosts"),
+        (408, "the body did not arrive within limits.body_timeout_s"),
+        (413, "too many texts, a text or prefix too long, or the body too large"),
+        (415, "a browser sent a body that is not application/json"),
+        (422, "a field is missing, of the wrong type or out of range, or a text cannot be encoded"),
+        (431, "the request line and headers are over limits.max_header_bytes"),
         (503, "the queue is full (see Retry-After) or the request waited too long"))}
 
 
@@ -131,6 +137,8 @@ def create_app(engine: TextTranslator, cfg: ServeConfig) -> FastAPI:
                   description="Machine translation with a from-scratch Transformer. `POST /translate` "
                               "decodes the texts of concurrent requests together.")
     app.state.batcher, app.state.metrics = batcher, metrics
+    app.add_middleware(RequestGuard, cfg=cfg)  # added before `count`, so its refusals are counted too
+    body_limit = max_body_bytes(cfg)
 
     @app.middleware("http")
     async def count(request: Request, call_next: Any) -> Any:
@@ -173,10 +181,11 @@ def create_app(engine: TextTranslator, cfg: ServeConfig) -> FastAPI:
         """Translate a list of texts: the best translation of each, in order (n-best, scores and
         cross-attention on request)."""
         start = time.perf_counter()
-        body = parse_request(await request.body(), cfg)
+        body = parse_request(await read_body(request, body_limit, cfg.limits.body_timeout_s), cfg)
         texts = [body.text] if isinstance(body.text, str) else body.text
         search = Search(body.beam_size, body.n_best, body.attention, body.alignment)
         prefixes = [body.prefix] if isinstance(body.prefix, str) else body.prefix
+        await check_fit(engine, body, texts, prefixes)
         try:
             results = await asyncio.wait_for(batcher.translate(texts, search, prefixes), cfg.limits.timeout_s)
         except QueueFull as ex:
@@ -204,6 +213,12 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> TranslateRequest:
     except json.JSONDecodeError as ex:
         raise HTTPException(400, f"the body is not JSON ({ex.msg} at line {ex.lineno} column {ex.colno}); "
                             'send {"text": ["..."]}') from None
+    except RecursionError:
+        raise HTTPException(400, "the body's JSON nests too deeply; send a flat object such as "
+                            '{"text": ["..."]}') from None
+    except ValueError:  # an integer past Python's limit on digits: reading it would take quadratic time
+        raise HTTPException(400, f"the body holds a number of more than {sys.get_int_max_str_digits()} "
+                            "digits; send a smaller one") from None
     if not isinstance(data, dict):
         raise HTTPException(422, 'the body must be a JSON object such as {"text": ["..."]}')
     try:
@@ -229,6 +244,21 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> TranslateRequest:
     if too_many:
         raise HTTPException(422, too_many[0])
     return body
+
+
+async def check_fit(engine: TextTranslator, body: TranslateRequest, texts: list[str],
+                    prefixes: list[str] | None) -> None:
+    """A 413 naming the first text or prefix with more tokens than the model's positions, or a 422 naming
+    one the tokenizer cannot encode. Tokenised in a thread: a request at the limits took 0.35 s on two
+    CPU cores, which on the event loop would stall every other request and /health."""
+    unfit = await asyncio.to_thread(engine.unfit_inputs, texts, prefixes)
+    if not unfit:
+        return
+    first = unfit[0]
+    name = first.side if isinstance(getattr(body, first.side), str) else f"{first.side}[{first.index}]"
+    if first.too_long:
+        raise HTTPException(413, f"{name} {first.reason}: split or shorten it")
+    raise HTTPException(422, f"{name} {first.reason}; send valid UTF-8 text")
 
 
 def _check_prefixes(body: TranslateRequest, n_texts: int, max_chars: int) -> None:
