@@ -352,6 +352,7 @@ class LimitsConfig(Section):
     max_chars: int = 1000  # characters per text
     max_beam_size: int = 16
     timeout_s: float = 60.0  # a request still waiting after this gets 503
+    max_attention_values: int = 1_000_000  # attention values per response, bounded before decoding (413)
 
 
 @dataclass

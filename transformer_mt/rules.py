@@ -113,6 +113,7 @@ RANGES: dict[str, Rule] = {
     "limits.max_chars": at_least(1),
     "limits.max_beam_size": at_least(1),
     "limits.timeout_s": POSITIVE,
+    "limits.max_attention_values": at_least(1),
 }
 
 # Every vocabulary starts with these, ids 0-3 in this order (transformer_mt.tokenizer takes them from

@@ -112,12 +112,14 @@ class TextTranslator:
     vocab: Vocabulary
     decoding: DecodingConfig
     max_input_tokens: int
+    max_positions: int
     truncated: int
 
     def limit_inputs(self, max_positions: int, max_input_tokens: int | None) -> None:
         """Sources are cut to max_input_tokens, and always to the model's positions less one for their
         <eos>; `truncated` counts the sources cut."""
         self.max_input_tokens = min(max_input_tokens or max_positions - 1, max_positions - 1)
+        self.max_positions = max_positions
         self.truncated = 0
 
     def translate_nbest(self, sentences: list[str], return_attention: bool = False,
