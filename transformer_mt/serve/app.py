@@ -182,9 +182,9 @@ def create_app(engine: TextTranslator, cfg: ServeConfig) -> FastAPI:
         search = Search(body.beam_size, body.n_best, body.attention is not False, body.alignment)
         prefixes = [body.prefix] if isinstance(body.prefix, str) else body.prefix
         check_attention_size(engine, texts, prefixes, body.attention, cfg)
+        queued = batcher.translate(texts, search, prefixes, cfg.limits.timeout_s, lambda: _hang_up(request))
         try:
-            results = await asyncio.wait_for(batcher.translate(texts, search, prefixes, cfg.limits.timeout_s,
-                                                               request.is_disconnected), cfg.limits.timeout_s)
+            results = await asyncio.wait_for(queued, cfg.limits.timeout_s)
         except ClientGone:  # nobody to answer; 499 as nginx logs it, for /metrics
             return JSONResponse({"error": "the client closed the connection"}, status_code=499)
         except QueueFull as ex:
@@ -261,6 +261,13 @@ def _one_line(errors: Any) -> str:
         where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
         parts.append(f"{where}: {e.get('msg', 'invalid')}")
     return "; ".join(parts)
+
+
+async def _hang_up(request: Request) -> None:
+    """Return once the client has disconnected: ASGI's http.disconnect, the one message left to receive
+    after the body (uvicorn sends it as soon as the connection closes)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def respond_json(engine: TextTranslator, texts: list[str], results: list[list[Translation]],

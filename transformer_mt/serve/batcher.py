@@ -13,7 +13,7 @@ One client cannot harm another's answer or stall the server:
 - The worker outlives any exception a batch raises, BaseException included: native code raises those
   (tokenizers' `PanicException`). Only SystemExit and KeyboardInterrupt end it, and then `problem()`
   says so, for /health.
-- A request is gone when its client disconnected (polled while it waits) or its deadline passed. Gone
+- A request is gone when its client disconnected (seen while it waits) or its deadline passed. Gone
   requests leave the queue, and a batch whose requests are all gone stops at its next decoding step. A
   batch with some requests gone decodes on: its live requests hold the worker for as many steps anyway,
   and a gone row costs a fraction of a batched step.
@@ -36,7 +36,6 @@ from transformer_mt.search import DecodingStopped
 from transformer_mt.translator import TextTranslator, Translation
 
 log = logging.getLogger(__name__)
-DISCONNECT_POLL_S = 0.05  # how often a waiting request checks that its client is still there
 SHUTDOWN = (SystemExit, KeyboardInterrupt)  # the only exceptions the worker lets end it
 
 
@@ -128,10 +127,10 @@ class Batcher:
 
     async def translate(self, texts: list[str], search: Search, prefixes: list[str] | None = None,
                         timeout_s: float | None = None,
-                        disconnected: Callable[[], Awaitable[bool]] | None = None) -> list[list[Translation]]:
+                        client_gone: Callable[[], Awaitable[None]] | None = None) -> list[list[Translation]]:
         """Queue texts (with a forced start each when prefixes are given) and wait for their n-best
-        lists. Raises QueueFull when the queue is full, ClientGone once `disconnected()` says so; after
-        timeout_s nobody waits, and the worker drops or stops the job."""
+        lists. Raises QueueFull when the queue is full, ClientGone when `client_gone()` (awaited
+        meanwhile) returns first; after timeout_s nobody waits, and the worker drops or stops the job."""
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + timeout_s if timeout_s is not None else math.inf
         job = Job(texts, search, loop.create_future(), loop, prefixes, deadline)
@@ -142,7 +141,7 @@ class Batcher:
             self._waiting += len(texts)
             self._cond.notify()
         try:
-            return await _wait_for_answer(job, disconnected)
+            return await _wait_for_answer(job, client_gone)
         except (asyncio.CancelledError, ClientGone):  # timed out or the client went away
             self._abandon(job)
             raise
@@ -273,17 +272,18 @@ class Batcher:
 
 
 async def _wait_for_answer(job: Job,
-                           disconnected: Callable[[], Awaitable[bool]] | None) -> list[list[Translation]]:
-    """The job's results once the worker delivers them; ClientGone as soon as `disconnected()` says the
-    client left (asked every DISCONNECT_POLL_S)."""
-    if disconnected is None:
+                           client_gone: Callable[[], Awaitable[None]] | None) -> list[list[Translation]]:
+    """The job's results once the worker delivers them; ClientGone if `client_gone()` returns first."""
+    if client_gone is None:
         return await job.future
-    while True:
-        done, _ = await asyncio.wait({job.future}, timeout=DISCONNECT_POLL_S)
-        if done:
-            return job.future.result()
-        if await disconnected():
-            raise ClientGone("the client disconnected")
+    watcher = asyncio.ensure_future(client_gone())
+    try:
+        await asyncio.wait({job.future, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if job.future.done():
+        return job.future.result()
+    raise ClientGone("the client disconnected")
 
 
 def _deliver(job: Job, result: list[list[Translation]] | BaseException) -> None:
