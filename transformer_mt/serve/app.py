@@ -182,25 +182,33 @@ def create_app(engine: TextTranslator, cfg: ServeConfig) -> FastAPI:
         search = Search(body.beam_size, body.n_best, body.attention is not False, body.alignment)
         prefixes = [body.prefix] if isinstance(body.prefix, str) else body.prefix
         check_attention_size(engine, texts, prefixes, body.attention, cfg)
-        queued = batcher.translate(texts, search, prefixes, cfg.limits.timeout_s, lambda: _hang_up(request))
         try:
-            results = await asyncio.wait_for(queued, cfg.limits.timeout_s)
+            results = await decode(batcher, request, texts, search, prefixes, cfg.limits.timeout_s)
         except ClientGone:  # nobody to answer; 499 as nginx logs it, for /metrics
             return JSONResponse({"error": "the client closed the connection"}, status_code=499)
-        except QueueFull as ex:
-            raise HTTPException(503, str(ex), headers={"Retry-After": str(ex.retry_after)}) from None
-        except UserError as ex:  # what this engine cannot do: CTranslate2 has no prefix decoding
-            raise HTTPException(422, str(ex)) from None
-        except asyncio.TimeoutError:
-            waited = f"not translated within {cfg.limits.timeout_s:g} s (limits.timeout_s)"
-            raise HTTPException(503, f"{waited}; the server is overloaded, retry later",
-                                headers={"Retry-After": "5"}) from None
         metrics.sentences += len(texts)
         metrics.latencies.append(time.perf_counter() - start)
         # Off the event loop: a large response takes a while to build, and /health must answer meanwhile.
         return await asyncio.to_thread(respond_json, engine, texts, results, body)
 
     return app
+
+
+async def decode(batcher: Batcher, request: Request, texts: list[str], search: Search,
+                 prefixes: list[str] | None, timeout_s: float) -> list[list[Translation]]:
+    """The texts' n-best lists from the batcher, or the HTTPException its refusal means (ClientGone
+    when the client hangs up meanwhile)."""
+    try:
+        return await asyncio.wait_for(batcher.translate(texts, search, prefixes, timeout_s,
+                                                        lambda: _hang_up(request)), timeout_s)
+    except QueueFull as ex:
+        raise HTTPException(503, str(ex), headers={"Retry-After": str(ex.retry_after)}) from None
+    except UserError as ex:  # the request's own fault, or what this engine cannot do (CTranslate2: prefixes)
+        raise HTTPException(422, str(ex)) from None
+    except asyncio.TimeoutError:
+        waited = f"not translated within {timeout_s:g} s (limits.timeout_s)"
+        raise HTTPException(503, f"{waited}; the server is overloaded, retry later",
+                            headers={"Retry-After": "5"}) from None
 
 
 def parse_request(raw: bytes, cfg: ServeConfig) -> TranslateRequest:
