@@ -63,7 +63,7 @@ def test_translations_equal_the_translator_in_request_order(client: TestClient, 
 
 def test_nbest_scores_and_attention(client: TestClient, engine: Translator) -> None:
     body = client.post("/translate", json={"text": SENTENCES[:2], "beam_size": 4, "n_best": 3,
-                                           "attention": True}).json()
+                                           "attention": "heads"}).json()
     expected = engine.translate_nbest(SENTENCES[:2], beam_size=4, n_best=3, return_attention=True)
     assert [[h["text"] for h in nbest] for nbest in body["nbest"]] == [[h.text for h in e] for e in expected]
     for nbest, exp in zip(body["nbest"], expected):
@@ -84,7 +84,8 @@ def test_attention_head_average_is_the_searched_alignment(client: TestClient, en
     """The page's default view (last layer, heads averaged) is the attention_png/TensorBoard view."""
     from transformer_mt.search import alignment
 
-    body = client.post("/translate", json={"text": ["I am cold."], "beam_size": 1, "attention": True}).json()
+    body = client.post("/translate", json={"text": ["I am cold."], "beam_size": 1,
+                                           "attention": "heads"}).json()
     best = engine.translate_nbest(["I am cold."], return_attention=True, beam_size=1)[0][0]
     assert best.attention is not None
     view = torch.tensor(body["attention"][0]["weights"])[-1].mean(0)
@@ -138,7 +139,7 @@ def test_a_ctranslate2_export_is_served_the_same_way(tiny_run: Path, tmp_path: P
     cfg = serve_config(tiny_run, "engine=ctranslate2", f"model_dir={model_dir}")
     engine = load_engine(cfg)
     with TestClient(create_app(engine, cfg)) as c:
-        body = c.post("/translate", json={"text": SENTENCES[:3], "attention": True}).json()
+        body = c.post("/translate", json={"text": SENTENCES[:3], "attention": "heads"}).json()
         assert body["translations"] == engine.translate(SENTENCES[:3])
         assert len(body["attention"][0]["weights"]) == 1  # CTranslate2 gives the last layer's average
         assert c.get("/health").json()["engine"] == "ctranslate2"

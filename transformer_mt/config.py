@@ -356,6 +356,7 @@ class LimitsConfig(Section):
     max_header_bytes: int = 16_384  # request line and headers; beyond it, 431
     max_connections: int = 512  # open connections and requests at once; beyond it, 503
     idle_timeout_s: float = 5.0  # a connection without a whole request head for this long is closed
+    max_attention_values: int = 1_000_000  # attention values per response, bounded before decoding (413)
 
 
 @dataclass

@@ -32,7 +32,7 @@ from transformer_mt.checkpoint import model_from_checkpoint
 from transformer_mt.config import DecodingConfig, ExportConfig, validate
 from transformer_mt.errors import ConfigError
 from transformer_mt.model import Transformer
-from transformer_mt.search import gnmt_penalty, max_output_length
+from transformer_mt.search import DecodingStopped, StopCheck, gnmt_penalty, max_output_length
 from transformer_mt.tokenizer import BOS, BOS_ID, EOS, EOS_ID, PAD_ID, UNK, UNK_ID, Vocabulary
 from transformer_mt.translator import TextTranslator, Translation
 
@@ -324,8 +324,10 @@ class CT2Translator(TextTranslator):
         return {i: (res, request["length_penalty"]) for i, res in zip(order, found)}
 
     def translate_nbest(self, sentences: list[str], return_attention: bool = False,
-                        prefixes: list[str] | None = None, **options: Any) -> list[list[Translation]]:
-        """n-best translations per sentence (best first); empty input gives one empty translation."""
+                        prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
+                        **options: Any) -> list[list[Translation]]:
+        """n-best translations per sentence (best first); empty input gives one empty translation.
+        CTranslate2 decodes a batch in one call: should_stop is asked once, before it."""
         decoding = self._options(**options)
         if self.prefix_ids(sentences, prefixes, decoding):
             raise ConfigError("prefix decoding runs on engine=pytorch; drop decoding.prefix or the prefixes")
@@ -338,6 +340,8 @@ class CT2Translator(TextTranslator):
                    for i, s in enumerate(sentences) if s.strip()}
         if not sources:
             return results
+        if should_stop is not None and should_stop():
+            raise DecodingStopped("decoding stopped before it began: its requester is gone")
         # <pad>/<bos> are impossible in our search. Masking them in CTranslate2 (suppress_sequences)
         # renormalises its log-softmax over the other tokens, which shifts scores and can re-rank
         # beams; so search unmasked first (exactly our scores) and only redo, masked, the sentences

@@ -117,6 +117,7 @@ RANGES: dict[str, Rule] = {
     "limits.max_header_bytes": at_least(1024),
     "limits.max_connections": at_least(1),
     "limits.idle_timeout_s": POSITIVE,
+    "limits.max_attention_values": at_least(1),
 }
 
 # Every vocabulary starts with these, ids 0-3 in this order (transformer_mt.tokenizer takes them from

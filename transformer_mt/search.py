@@ -11,6 +11,9 @@ Two rules are shared with the CTranslate2 engine (`transformer_mt.ct2`) and live
 - `gnmt_penalty`: beam hypotheses are ranked by their log-prob sum divided by the GNMT penalty.
 `tokens` never include bos/eos, and the search never emits pad or bos. Arguments that are also
 settings (`decoding.*`) default to the config's values and obey its rules (`DecodingConfig.check`).
+
+Every search asks `should_stop` (a host-side callable, no device read) once per step and raises
+`DecodingStopped` when it answers True: a caller whose requester is gone frees the model within a step.
 """
 
 from __future__ import annotations
@@ -22,11 +25,17 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from transformer_mt.attention_trail import AttentionTrail
 from transformer_mt.config import DecodingConfig
 from transformer_mt.model import DecoderCache, Transformer
 from transformer_mt.model.attention import free_to_read
 
 DEFAULT = DecodingConfig()  # the search arguments' defaults: `decoding`'s own
+StopCheck = Callable[[], bool]  # asked once per step: True stops the search (DecodingStopped)
+
+
+class DecodingStopped(Exception):
+    """The caller's `should_stop` answered True: the search ended before its sentences did."""
 
 
 @dataclass
@@ -142,8 +151,8 @@ LOOK_EVERY = 8
 
 @torch.inference_mode()
 def _left_to_right(model: Transformer, src: Tensor, choose: Callable[[Tensor], Tensor], ends: Ends,
-                   use_cache: bool, return_attention: bool,
-                   forced: Tensor | None = None) -> list[list[Hypothesis]]:
+                   use_cache: bool, return_attention: bool, forced: Tensor | None = None,
+                   should_stop: StopCheck | None = None) -> list[list[Hypothesis]]:
     """The loop greedy search and sampling share. `choose` maps log-probs (N, V) to next tokens (N,);
     `forced` (B, P) holds each sentence's prefix (-1 padded). Finished sentences leave the batch (and
     the cache) at the next look, so later steps pay only for live ones; until then they repeat <eos>."""
@@ -163,6 +172,8 @@ def _left_to_right(model: Transformer, src: Tensor, choose: Callable[[Tensor], T
 
     t = 0
     while alive.numel() > 0:
+        if should_stop is not None and should_stop():
+            raise DecodingStopped(f"greedy search stopped by its caller at step {t}")
         logits, attn = _decode_step(model, prefix[:, -1:] if use_cache else prefix, memory, src_pad, cache,
                                     return_attention)
         logp = _step_log_probs(logits, ends, model.pad_id, t >= max_len, _forced_at(forced, alive, t))
@@ -198,20 +209,21 @@ def _left_to_right(model: Transformer, src: Tensor, choose: Callable[[Tensor], T
 def greedy_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
                   max_len_a: float = DEFAULT.max_len_a, max_len_b: int = DEFAULT.max_len_b,
                   use_cache: bool = DEFAULT.use_cache, return_attention: bool = False,
-                  prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Hypothesis]]:
+                  prefixes: Sequence[Sequence[int]] | None = None,
+                  should_stop: StopCheck | None = None) -> list[list[Hypothesis]]:
     """Arg-max decoding; use_cache=False recomputes the whole prefix each step (slow reference).
     With prefixes, each output starts with its sentence's token ids, then continues freely."""
     DecodingConfig(max_len_a=max_len_a, max_len_b=max_len_b).check()
     return _left_to_right(model, src, lambda logp: logp.argmax(dim=-1),
                           Ends(bos_id, eos_id, max_len_a, max_len_b), use_cache, return_attention,
-                          forced_tokens(prefixes, src.size(0), src.device))
+                          forced_tokens(prefixes, src.size(0), src.device), should_stop)
 
 
 def sample(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
            temperature: float = DEFAULT.temperature, top_k: int = DEFAULT.top_k, top_p: float = DEFAULT.top_p,
            max_len_a: float = DEFAULT.max_len_a, max_len_b: int = DEFAULT.max_len_b,
-           generator: torch.Generator | None = None,
-           prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Hypothesis]]:
+           generator: torch.Generator | None = None, prefixes: Sequence[Sequence[int]] | None = None,
+           should_stop: StopCheck | None = None) -> list[list[Hypothesis]]:
     """Ancestral sampling with temperature, top-k and nucleus (top-p) filtering.
 
     score is the sum of the model's own log-probs of the sampled tokens (before temperature and
@@ -235,7 +247,7 @@ def sample(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
         return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(1)
 
     return _left_to_right(model, src, choose, Ends(bos_id, eos_id, max_len_a, max_len_b), True, False,
-                          forced_tokens(prefixes, src.size(0), src.device))
+                          forced_tokens(prefixes, src.size(0), src.device), should_stop)
 
 
 # -- beam search ---------------------------------------------------------------------------------
@@ -285,13 +297,21 @@ def _sentence_done(finished: list[Hypothesis], best_live: float, t: int, max_len
     return best_live / lp <= nth
 
 
+def _attach_attention(best: list[list[Hypothesis]], trail: AttentionTrail, src_pad: Tensor) -> None:
+    """Give each returned hypothesis its attention, read back from the trail (sentence i's over the
+    real positions of src_pad[i])."""
+    chosen = [(i, h) for i, hyps in enumerate(best) for h in hyps]
+    for (i, h), history in zip(chosen, trail.histories([h for _, h in chosen]), strict=True):
+        h.attention = _src_attention(history, src_pad[i])
+
+
 @torch.inference_mode()
 def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
                 beam_size: int = DEFAULT.beam_size, length_penalty: float = DEFAULT.length_penalty,
                 max_len_a: float = DEFAULT.max_len_a, max_len_b: int = DEFAULT.max_len_b,
-                n_best: int = DEFAULT.n_best,
-                return_attention: bool = False, exhaustive: bool = False,
-                prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Hypothesis]]:
+                n_best: int = DEFAULT.n_best, return_attention: bool = False, exhaustive: bool = False,
+                prefixes: Sequence[Sequence[int]] | None = None,
+                should_stop: StopCheck | None = None) -> list[list[Hypothesis]]:
     """Batched beam search (fairseq-style) returning the n_best hypotheses per sentence.
 
     The batch is flattened to (A * K) rows, A live sentences × K beams. Each step takes the top 2K
@@ -305,6 +325,7 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
     K, alpha, ends, device = beam_size, length_penalty, Ends(bos_id, eos_id, max_len_a, max_len_b), src.device
     B = src.size(0)
     memory, src_pad = model.encode(src)  # once per sentence: (A, S, d), (A, S)
+    sentence_pad = src_pad  # (B, S), kept for the attention of sentences that leave the batch
     forced = forced_tokens(prefixes, B, device)
     max_len = ends.limits(model, src, forced)  # (A,)
     on_device = torch.tensor(max_len, device=device), torch.arange(B, device=device)  # max_len, sent_ids
@@ -313,11 +334,13 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
     scores = torch.zeros(B, K, dtype=torch.float64, device=device)
     scores[:, 1:] = float("-inf")  # all beams start identical: expand only beam 0 at first
     prefix = torch.full((B * K, 1), bos_id, dtype=torch.long, device=device)  # (A*K, 1+t)
-    attn_hist: Tensor | None = None  # (A*K, t, layers, H, S)
+    trail = AttentionTrail() if return_attention else None
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
 
     t = 0
     while sent_ids:
+        if should_stop is not None and should_stop():
+            raise DecodingStopped(f"beam search stopped by its caller at step {t}")
         logits, attn = _first_or_next_step(model, prefix, memory, src_pad, cache, K, t, return_attention)
         at_max = (t >= on_device[0]).repeat_interleave(K)  # (copies to a GPU would wait for it too)
         step = _forced_at(forced, on_device[1], t)
@@ -325,16 +348,16 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
                                step.repeat_interleave(K) if step is not None else None)
         top_scores, top_tok, top_row = _top_candidates(logp, scores, K)
         is_eos = top_tok == eos_id
-        if attn is not None:
-            attn_hist = attn[:, None] if attn_hist is None else torch.cat((attn_hist, attn[:, None]), 1)
+        if trail is not None and attn is not None:
+            trail.add(attn)
 
         # Finalise eos candidates ranked within the top K (and reachable: finite score).
         for a, r in (is_eos[:, :K] & torch.isfinite(top_scores[:, :K])).nonzero().tolist():
             row = int(top_row[a, r])
-            attention = _src_attention(attn_hist[row], src_pad[a]) if attn_hist is not None else None
-            finished[sent_ids[a]].append(Hypothesis(prefix[row, 1:].tolist(),
-                                                    float(top_scores[a, r]) / gnmt_penalty(t + 1, alpha),
-                                                    attention))
+            hyp = Hypothesis(prefix[row, 1:].tolist(), float(top_scores[a, r]) / gnmt_penalty(t + 1, alpha))
+            finished[sent_ids[a]].append(hyp)
+            if trail is not None:
+                trail.end(hyp, t, row)
 
         # New beams: the K best non-eos candidates, in score order (eos ranks pushed last).
         n_cand = top_tok.size(1)
@@ -356,7 +379,10 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
         else:  # beams only moved within their sentences: cross-attention K/V stay as they are
             cache.reorder(rows.view(-1))
         prefix = torch.cat((prefix[rows.view(-1)], toks.reshape(-1, 1)), dim=1)
-        if attn_hist is not None:
-            attn_hist = attn_hist[rows.view(-1)]
+        if trail is not None:
+            trail.moved(rows.view(-1))
 
-    return [sorted(fins, key=lambda h: h.score, reverse=True)[:n_best] for fins in finished]
+    best = [sorted(fins, key=lambda h: h.score, reverse=True)[:n_best] for fins in finished]
+    if trail is not None:
+        _attach_attention(best, trail, sentence_pad)
+    return best

@@ -30,7 +30,7 @@ from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.model import Ensemble, Transformer
 from transformer_mt.runtime import Precision, autocast, precision, select_device
 from transformer_mt.scoring import PairScore, forced_attention, score_pairs
-from transformer_mt.search import Hypothesis, beam_search, greedy_search, sample
+from transformer_mt.search import Hypothesis, StopCheck, beam_search, greedy_search, sample
 from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Vocabulary
 
 log = logging.getLogger(__name__)
@@ -45,10 +45,12 @@ def decode_ids(
     generator: torch.Generator | None = None,
     amp: torch.dtype | None = None,
     prefixes: Sequence[Sequence[int]] | None = None,
+    should_stop: StopCheck | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode token-id sources (without eos) and return each sentence's n-best list, input order kept;
     under autocast to `amp` when given (the searches score in float32 and float64 all the same). With
-    prefixes (target token ids per sentence), each output starts with its own."""
+    prefixes (target token ids per sentence), each output starts with its own. should_stop is asked
+    once per decoding step; True ends the decoding with `DecodingStopped`."""
     was_training = model.training
     model.eval()
     results: list[list[Hypothesis]] = [[] for _ in src_ids]
@@ -57,7 +59,8 @@ def decode_ids(
             for batch in decoding_batches([len(s) for s in src_ids], decoding, device):
                 src = pad_sources([list(src_ids[i]) for i in batch], PAD_ID).to(device)
                 forced = [prefixes[i] for i in batch] if prefixes else None
-                for i, hyps in zip(batch, _search(model, src, decoding, return_attention, generator, forced)):
+                found = _search(model, src, decoding, return_attention, generator, forced, should_stop)
+                for i, hyps in zip(batch, found):
                     results[i] = hyps
     finally:
         model.train(was_training)
@@ -73,11 +76,11 @@ def decoding_batches(lengths: Sequence[int], decoding: DecodingConfig,
 
 
 def _search(model: Transformer, src: torch.Tensor, decoding: DecodingConfig, return_attention: bool,
-            generator: torch.Generator | None,
-            prefixes: Sequence[Sequence[int]] | None) -> list[list[Hypothesis]]:
+            generator: torch.Generator | None, prefixes: Sequence[Sequence[int]] | None,
+            should_stop: StopCheck | None) -> list[list[Hypothesis]]:
     """The search `decoding` asks for: sampling, greedy (beam 1) or beam search."""
     ends = dict(bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=decoding.max_len_a, max_len_b=decoding.max_len_b,
-                prefixes=prefixes)
+                prefixes=prefixes, should_stop=should_stop)
     if decoding.sampling:
         return sample(model, src, temperature=decoding.temperature, top_k=decoding.top_k,
                       top_p=decoding.top_p, generator=generator, **ends)
@@ -121,6 +124,7 @@ class TextTranslator:
     decoding: DecodingConfig
     max_input_tokens: int
     max_prefix_tokens: int
+    max_positions: int
     truncated: int
 
     def limit_inputs(self, max_positions: int, max_input_tokens: int | None) -> None:
@@ -128,6 +132,7 @@ class TextTranslator:
         <eos>; `truncated` counts the sources cut. A forced prefix fits the positions less one for <bos>."""
         self.max_input_tokens = min(max_input_tokens or max_positions - 1, max_positions - 1)
         self.max_prefix_tokens = max_positions - 1
+        self.max_positions = max_positions
         self.truncated = 0
 
     def unfit_inputs(self, texts: Sequence[str], prefixes: Sequence[str] | None = None) -> list[Unfit]:
@@ -155,9 +160,11 @@ class TextTranslator:
         return sorted(found, key=lambda u: (u.side != "text", u.index))
 
     def translate_nbest(self, sentences: list[str], return_attention: bool = False,
-                        prefixes: list[str] | None = None, **options: Any) -> list[list[Translation]]:
+                        prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
+                        **options: Any) -> list[list[Translation]]:
         """n-best translations per sentence (best first); with prefixes, each translation starts with
-        its sentence's prefix (decoding.prefix gives one to all)."""
+        its sentence's prefix (decoding.prefix gives one to all). should_stop, asked as decoding goes
+        (once per step where the engine can), ends it early with `DecodingStopped` when it says True."""
         raise NotImplementedError
 
     def prefix_ids(self, sentences: list[str], prefixes: list[str] | None,
@@ -243,7 +250,8 @@ class Translator(TextTranslator):
         return cls(model, vocab, target, decoding, max_input_tokens, info, chosen)
 
     def translate_nbest(self, sentences: list[str], return_attention: bool = False,
-                        prefixes: list[str] | None = None, **options: Any) -> list[list[Translation]]:
+                        prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
+                        **options: Any) -> list[list[Translation]]:
         """n-best translations per sentence (best first); empty input gives one translation: its prefix
         (so every output starts with its prefix), else the empty string."""
         decoding = self._options(**options)
@@ -258,7 +266,7 @@ class Translator(TextTranslator):
             return results
         hyps = decode_ids(self.model, [ids[i] for i in real], decoding, self.device,
                           return_attention=return_attention, amp=self.precision.dtype,
-                          prefixes=[forced[i] for i in real] if forced else None)
+                          prefixes=[forced[i] for i in real] if forced else None, should_stop=should_stop)
         for i, nbest in zip(real, hyps):
             texts = self.vocab.decode_tgt([h.tokens for h in nbest])
             results[i] = [

@@ -20,11 +20,11 @@ import time
 from collections.abc import AsyncIterator
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
@@ -32,13 +32,16 @@ from transformer_mt.alignment import pharaoh
 from transformer_mt.config import ServeConfig
 from transformer_mt.errors import UserError
 from transformer_mt.rules import n_best_in_beam
-from transformer_mt.serve.batcher import Batcher, QueueFull, Search
+from transformer_mt.serve.attention import AttentionMap, attention_map, check_attention_size
+from transformer_mt.serve.batcher import Batcher, ClientGone, QueueFull, Search
 from transformer_mt.serve.guard import RequestGuard, max_body_bytes, read_body
-from transformer_mt.tokenizer import EOS
 from transformer_mt.translator import TextTranslator, Translation
 
 log = logging.getLogger(__name__)
 LATENCY_WINDOW = 10_000  # latest /translate latencies kept for the percentiles
+# /health calls the worker stuck when one batch outlasts limits.timeout_s by this much: a batch whose
+# requests have all timed out stops at its next decoding step, which takes far less.
+STUCK_GRACE_S = 30.0
 
 
 # -- the API's schema ---------------------------------------------------------------------------------
@@ -50,7 +53,9 @@ class TranslateRequest(BaseModel):
     beam_size: int | None = Field(None, ge=1, description="1 = greedy; default: the server's")
     n_best: int | None = Field(None, ge=1, description="hypotheses per text, at most beam_size")
     scores: bool = Field(False, description="also return each hypothesis with its model score")
-    attention: bool = Field(False, description="also return cross-attention, per layer and head")
+    attention: bool | Literal["heads"] = Field(False, description="also return cross-attention: true = "
+                                                "averaged over layers and heads, \"heads\" = per layer and "
+                                                "head")
     alignment: bool | None = Field(None, description="also return word alignments (`0-0 1-2 ...`, source-"
                                    "target word indices) of each best translation; default: the server's")
     prefix: list[str] | str | None = Field(None, description="forced start of each translation (prefix "
@@ -60,12 +65,6 @@ class TranslateRequest(BaseModel):
 class Hypothesis(BaseModel):
     text: str
     score: float
-
-
-class AttentionMap(BaseModel):
-    source_tokens: list[str]
-    target_tokens: list[str]
-    weights: list[list[list[list[float]]]] = Field(description="[layer][head][target token][source token]")
 
 
 class TranslateResponse(BaseModel):
@@ -84,7 +83,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": why} for code, why in (
         (400, "the body is not UTF-8 JSON, or the Host is not in allowed_hosts"),
         (408, "the body did not arrive within limits.body_timeout_s"),
-        (413, "too many texts, a text or prefix too long, or the body too large"),
+        (413, "too many texts, a text or prefix too long, the body too large, or more attention than "
+              "limits.max_attention_values"),
         (415, "a browser sent a body that is not application/json"),
         (422, "a field is missing, of the wrong type or out of range, or a text cannot be encoded"),
         (431, "the request line and headers are over limits.max_header_bytes"),
@@ -163,9 +163,13 @@ def create_app(engine: TextTranslator, cfg: ServeConfig) -> FastAPI:
     async def index() -> str:
         return page
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        """The model, device and vocabulary being served, and the server's uptime."""
+    @app.get("/health", responses={503: {"model": ErrorResponse, "description": "the worker cannot decode"}})
+    async def health() -> Any:
+        """The model, device and vocabulary being served, and the server's uptime; 503 with status
+        "unhealthy" when the decoding worker has stopped or is stuck."""
+        problem = batcher.problem(cfg.limits.timeout_s + STUCK_GRACE_S)
+        if problem is not None:
+            return JSONResponse({"status": "unhealthy", "error": problem}, status_code=503)
         return {"status": "ok", **describe(engine, cfg), "uptime_s": round(time.time() - metrics.started, 1)}
 
     @app.get("/metrics")
@@ -177,30 +181,43 @@ def create_app(engine: TextTranslator, cfg: ServeConfig) -> FastAPI:
               responses=ERRORS, openapi_extra={"requestBody": {
                   "required": True, "content": {"application/json": {
                       "schema": TranslateRequest.model_json_schema()}}}})
-    async def translate(request: Request) -> TranslateResponse:
+    async def translate(request: Request) -> Response:
         """Translate a list of texts: the best translation of each, in order (n-best, scores and
         cross-attention on request)."""
         start = time.perf_counter()
         body = parse_request(await read_body(request, body_limit, cfg.limits.body_timeout_s), cfg)
         texts = [body.text] if isinstance(body.text, str) else body.text
-        search = Search(body.beam_size, body.n_best, body.attention, body.alignment)
+        search = Search(body.beam_size, body.n_best, body.attention is not False, body.alignment)
         prefixes = [body.prefix] if isinstance(body.prefix, str) else body.prefix
         await check_fit(engine, body, texts, prefixes)
+        await asyncio.to_thread(check_attention_size, engine, texts, prefixes, body.attention, cfg)
         try:
-            results = await asyncio.wait_for(batcher.translate(texts, search, prefixes), cfg.limits.timeout_s)
-        except QueueFull as ex:
-            raise HTTPException(503, str(ex), headers={"Retry-After": str(ex.retry_after)}) from None
-        except UserError as ex:  # what this engine cannot do: CTranslate2 has no prefix decoding
-            raise HTTPException(422, str(ex)) from None
-        except asyncio.TimeoutError:
-            waited = f"not translated within {cfg.limits.timeout_s:g} s (limits.timeout_s)"
-            raise HTTPException(503, f"{waited}; the server is overloaded, retry later",
-                                headers={"Retry-After": "5"}) from None
+            results = await decode(batcher, request, texts, search, prefixes, cfg.limits.timeout_s)
+        except ClientGone:  # nobody to answer; 499 as nginx logs it, for /metrics
+            return JSONResponse({"error": "the client closed the connection"}, status_code=499)
         metrics.sentences += len(texts)
         metrics.latencies.append(time.perf_counter() - start)
-        return respond(engine, texts, results, body)
+        # Off the event loop: a large response takes a while to build, and /health must answer meanwhile.
+        return await asyncio.to_thread(respond_json, engine, texts, results, body)
 
     return app
+
+
+async def decode(batcher: Batcher, request: Request, texts: list[str], search: Search,
+                 prefixes: list[str] | None, timeout_s: float) -> list[list[Translation]]:
+    """The texts' n-best lists from the batcher, or the HTTPException its refusal means (ClientGone
+    when the client hangs up meanwhile)."""
+    try:
+        return await asyncio.wait_for(batcher.translate(texts, search, prefixes, timeout_s,
+                                                        lambda: _hang_up(request)), timeout_s)
+    except QueueFull as ex:
+        raise HTTPException(503, str(ex), headers={"Retry-After": str(ex.retry_after)}) from None
+    except UserError as ex:  # the request's own fault, or what this engine cannot do (CTranslate2: prefixes)
+        raise HTTPException(422, str(ex)) from None
+    except asyncio.TimeoutError:
+        waited = f"not translated within {timeout_s:g} s (limits.timeout_s)"
+        raise HTTPException(503, f"{waited}; the server is overloaded, retry later",
+                            headers={"Retry-After": "5"}) from None
 
 
 def parse_request(raw: bytes, cfg: ServeConfig) -> TranslateRequest:
@@ -284,14 +301,28 @@ def _one_line(errors: Any) -> str:
     return "; ".join(parts)
 
 
+async def _hang_up(request: Request) -> None:
+    """Return once the client has disconnected: ASGI's http.disconnect, the one message left to receive
+    after the body (uvicorn sends it as soon as the connection closes)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def respond_json(engine: TextTranslator, texts: list[str], results: list[list[Translation]],
+                 body: TranslateRequest) -> JSONResponse:
+    """The response for one request's results, rendered to JSON (the slow part for large attention)."""
+    return JSONResponse(respond(engine, texts, results, body).model_dump(exclude_none=True))
+
+
 def respond(engine: TextTranslator, texts: list[str], results: list[list[Translation]],
             body: TranslateRequest) -> TranslateResponse:
     """The response for one request's results (each a best-first n-best list)."""
     out = TranslateResponse(translations=[nbest[0].text for nbest in results])
     if body.scores or (body.n_best or 1) > 1:
         out.nbest = [[Hypothesis(text=h.text, score=_finite(h.score)) for h in nbest] for nbest in results]
-    if body.attention:
-        out.attention = [attention_map(engine, text, nbest[0]) for text, nbest in zip(texts, results)]
+    if body.attention is not False:
+        heads = body.attention == "heads"
+        out.attention = [attention_map(engine, text, nbest[0], heads) for text, nbest in zip(texts, results)]
     if any(nbest[0].alignment is not None for nbest in results):
         out.alignments = [pharaoh(nbest[0].alignment or []) for nbest in results]
     return out
@@ -299,18 +330,6 @@ def respond(engine: TextTranslator, texts: list[str], results: list[list[Transla
 
 def _finite(x: float) -> float:
     return x if math.isfinite(x) else -1e9  # JSON has no infinity
-
-
-def attention_map(engine: TextTranslator, text: str, best: Translation) -> AttentionMap:
-    """The best hypothesis's cross-attention, with the tokens labelling its rows and columns."""
-    if best.attention is None or not text.strip():
-        return AttentionMap(source_tokens=[], target_tokens=[], weights=[])
-    weights = best.attention.float()  # (layers, heads, target + eos, source + eos)
-    n_tgt, n_src = weights.shape[-2:]
-    source = engine.vocab.src_tokens(text.strip())[: n_src - 1] + [EOS]  # cut as the engine cut it
-    target = [*(best.tokens or []), EOS][:n_tgt]
-    rounded = (weights * 10_000).round() / 10_000
-    return AttentionMap(source_tokens=source, target_tokens=target, weights=rounded.tolist())
 
 
 def run_name(checkpoint: str) -> str:

@@ -5,8 +5,18 @@ and decodes every waiting request that asks for the same search (beam size, n-be
 call, up to `max_sentences`; requests with prefixes (forced starts, one per text) batch only with each
 other, so that the server's own decoding.prefix still applies to the rest. `Translator` sorts that
 batch by length. Each request's future gets its own translations back, in its own order. The event
-loop only enqueues and awaits, so it never blocks on decoding, and a request whose client went away is
-skipped (or its answer dropped), never an error.
+loop only enqueues and awaits, so it never blocks on decoding.
+
+One client cannot harm another's answer or stall the server:
+- A batch that fails is decoded again one request at a time, so only the request that causes the error
+  gets it (a `UserError`, answered 4xx, when its input is at fault; any other error, 500).
+- The worker outlives any exception a batch raises, BaseException included: native code raises those
+  (tokenizers' `PanicException`). Only SystemExit and KeyboardInterrupt end it, and then `problem()`
+  says so, for /health.
+- A request is gone when its client disconnected (seen while it waits) or its deadline passed. Gone
+  requests leave the queue, and a batch whose requests are all gone stops at its next decoding step. A
+  batch with some requests gone decodes on: its live requests hold the worker for as many steps anyway,
+  and a gone row costs a fraction of a batched step.
 """
 
 from __future__ import annotations
@@ -14,16 +24,19 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from transformer_mt.config import BatchingConfig
 from transformer_mt.errors import UserError
+from transformer_mt.search import DecodingStopped
 from transformer_mt.translator import TextTranslator, Translation
 
 log = logging.getLogger(__name__)
+SHUTDOWN = (SystemExit, KeyboardInterrupt)  # the only exceptions the worker lets end it
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,20 @@ class Job:
     future: asyncio.Future[list[list[Translation]]]
     loop: asyncio.AbstractEventLoop
     prefixes: list[str] | None = None  # each text's forced start, or None: the server's decoding.prefix
+    deadline: float = math.inf  # time.monotonic() after which nobody waits for the answer
+    abandoned: threading.Event = field(default_factory=threading.Event)  # set when its client is gone
+
+    def gone(self) -> bool:
+        """Nobody waits for this job's answer any more: its client left, or its deadline passed."""
+        return self.abandoned.is_set() or time.monotonic() > self.deadline
+
+
+class ClientGone(Exception):
+    """The client disconnected while its request waited: there is nobody to answer."""
+
+
+class DecodingFailed(RuntimeError):
+    """Decoding raised an error that is not the request's fault (the server log has the traceback)."""
 
 
 class QueueFull(Exception):
@@ -69,6 +96,7 @@ class Batcher:
         self.batch_sizes: collections.Counter[int] = collections.Counter()  # sentences per decoded batch
         self.decode_seconds = 0.0  # worker time spent decoding, for throughput and Retry-After
         self.decoded = 0  # sentences decoded
+        self.busy_since: float | None = None  # time.monotonic() the batch in hand began, None when idle
 
     def start(self) -> None:
         self._thread.start()
@@ -87,12 +115,25 @@ class Batcher:
     def waiting(self) -> int:
         return self._waiting
 
-    async def translate(self, texts: list[str], search: Search,
-                        prefixes: list[str] | None = None) -> list[list[Translation]]:
+    def problem(self, stuck_after_s: float) -> str | None:
+        """Why the worker cannot decode (it has stopped, or has held one batch for over stuck_after_s
+        seconds), or None when it can."""
+        if not self._thread.is_alive():
+            return "the decoding worker has stopped; restart the server"
+        since = self.busy_since
+        if since is not None and time.monotonic() - since > stuck_after_s:
+            return f"the decoding worker has been on one batch for {time.monotonic() - since:.0f} s"
+        return None
+
+    async def translate(self, texts: list[str], search: Search, prefixes: list[str] | None = None,
+                        timeout_s: float | None = None,
+                        client_gone: Callable[[], Awaitable[None]] | None = None) -> list[list[Translation]]:
         """Queue texts (with a forced start each when prefixes are given) and wait for their n-best
-        lists (raises QueueFull when the queue is full)."""
+        lists. Raises QueueFull when the queue is full, ClientGone when `client_gone()` (awaited
+        meanwhile) returns first; after timeout_s nobody waits, and the worker drops or stops the job."""
         loop = asyncio.get_running_loop()
-        job = Job(texts, search, loop.create_future(), loop, prefixes)
+        deadline = time.monotonic() + timeout_s if timeout_s is not None else math.inf
+        job = Job(texts, search, loop.create_future(), loop, prefixes, deadline)
         with self._cond:
             if self._waiting + len(texts) > self.cfg.max_queue:
                 raise QueueFull(self._waiting, self._retry_after())
@@ -100,13 +141,19 @@ class Batcher:
             self._waiting += len(texts)
             self._cond.notify()
         try:
-            return await job.future
-        except asyncio.CancelledError:  # timed out or the client went away: free its place at once
-            with self._cond:
-                if job in self._jobs:
-                    self._jobs.remove(job)
-                    self._waiting -= len(texts)
+            return await _wait_for_answer(job, client_gone)
+        except (asyncio.CancelledError, ClientGone):  # timed out or the client went away
+            self._abandon(job)
             raise
+
+    def _abandon(self, job: Job) -> None:
+        """Free a gone job's place in the queue at once, and let the worker stop decoding it."""
+        job.abandoned.set()
+        job.future.cancel()  # (called on the job's loop) so that a late answer is dropped unread
+        with self._cond:
+            if job in self._jobs:
+                self._jobs.remove(job)
+                self._waiting -= len(job.texts)
 
     def _retry_after(self) -> int:
         """Seconds until the waiting sentences are likely decoded, from the throughput so far."""
@@ -119,7 +166,15 @@ class Batcher:
             jobs = self._next_batch()
             if jobs is None:
                 return
-            self._decode(jobs)
+            self.busy_since = time.monotonic()
+            try:
+                self._decode(jobs)
+            except SHUTDOWN:  # the worker ends: nobody else will answer these
+                for job in jobs:
+                    _deliver(job, DecodingFailed("the decoding worker stopped"))
+                raise
+            finally:
+                self.busy_since = None
 
     def _next_batch(self) -> list[Job] | None:
         """The oldest live job and, with batching, the jobs that may share its batch."""
@@ -149,7 +204,7 @@ class Batcher:
         kept: collections.deque[Job] = collections.deque()
         size = 0
         for job in self._jobs:
-            if job.future.done():  # cancelled: the client went away or timed out
+            if job.gone() or job.future.done():  # the client went away or timed out
                 self._waiting -= len(job.texts)
                 continue
             fits = first is not None and self.cfg.enabled and job.search == first.search and \
@@ -166,27 +221,69 @@ class Batcher:
         return taken
 
     def _decode(self, jobs: list[Job]) -> None:
+        """Decode a batch and answer its jobs; when it fails, decode each job again alone, so that only
+        the job whose input causes the error gets it."""
+        outcome = self._attempt(jobs)
+        if isinstance(outcome, BaseException) and len(jobs) > 1 and not isinstance(outcome, DecodingStopped):
+            log.warning("a batch of %d requests failed; decoding each alone", len(jobs))
+            for job in jobs:
+                if not job.gone():
+                    self._reply([job], self._attempt([job]))
+            return
+        self._reply(jobs, outcome)
+
+    def _attempt(self, jobs: list[Job]) -> list[list[Translation]] | BaseException:
+        """The jobs' texts decoded together, or the exception that stopped them."""
         texts = [t for job in jobs for t in job.texts]
         search = jobs[0].search
         prefixes = None if jobs[0].prefixes is None else [p for job in jobs for p in job.prefixes or ()]
         start = time.perf_counter()
         try:
-            results: Any = self.engine.translate_nbest(texts, return_attention=search.attention,
-                                                       beam_size=search.beam_size, n_best=search.n_best,
-                                                       alignment=search.alignment, prefixes=prefixes)
-        except UserError as ex:  # asked of an engine that cannot (prefixes on CTranslate2): no traceback
-            results = ex
-        except Exception as ex:  # noqa: BLE001 - the worker must outlive any one batch
-            log.exception("decoding a batch of %d sentences failed", len(texts))
-            results = ex
-        self.decode_seconds += time.perf_counter() - start
-        self.decoded += len(texts)
-        self.batch_sizes[len(texts)] += 1
+            return self.engine.translate_nbest(texts, return_attention=search.attention,
+                                               beam_size=search.beam_size, n_best=search.n_best,
+                                               alignment=search.alignment, prefixes=prefixes,
+                                               should_stop=lambda: all(job.gone() for job in jobs))
+        except SHUTDOWN:
+            raise
+        except (UserError, DecodingStopped) as ex:  # the request's fault, or nobody waits: no traceback
+            return ex
+        except BaseException as ex:  # noqa: BLE001 - native code raises BaseException too (PanicException)
+            log.error("decoding a batch of %d sentences failed: %s", len(texts), ex, exc_info=ex)
+            return ex
+        finally:
+            self.decode_seconds += time.perf_counter() - start
+            self.decoded += len(texts)
+            self.batch_sizes[len(texts)] += 1
+
+    def _reply(self, jobs: list[Job], outcome: list[list[Translation]] | BaseException) -> None:
+        """Give each job its own slice of the results, or the error as its request should see it."""
         offset = 0
         for job in jobs:
             n = len(job.texts)
-            _deliver(job, results if isinstance(results, Exception) else results[offset:offset + n])
+            if isinstance(outcome, DecodingStopped):  # nobody waits; a deadline the loop has not seen yet
+                _deliver(job, asyncio.TimeoutError(str(outcome)))
+            elif isinstance(outcome, UserError):
+                _deliver(job, outcome)
+            elif isinstance(outcome, BaseException):
+                _deliver(job, DecodingFailed(f"decoding failed ({type(outcome).__name__}: {outcome})"))
+            else:
+                _deliver(job, outcome[offset:offset + n])
             offset += n
+
+
+async def _wait_for_answer(job: Job,
+                           client_gone: Callable[[], Awaitable[None]] | None) -> list[list[Translation]]:
+    """The job's results once the worker delivers them; ClientGone if `client_gone()` returns first."""
+    if client_gone is None:
+        return await job.future
+    watcher = asyncio.ensure_future(client_gone())
+    try:
+        await asyncio.wait({job.future, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if job.future.done():
+        return job.future.result()
+    raise ClientGone("the client disconnected")
 
 
 def _deliver(job: Job, result: list[list[Translation]] | BaseException) -> None:
