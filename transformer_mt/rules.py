@@ -8,6 +8,7 @@ section's own `check()`) can report them all at once.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -59,13 +60,16 @@ def at_least(low: float, or_null: bool = False) -> Rule:
 
 PROBABILITY: Rule = (lambda v: 0.0 <= v < 1.0, "in [0, 1)")
 POSITIVE: Rule = (lambda v: v > 0, "> 0")
+# How many times an epoch holds a corpus's pairs (data/mixture.py): inf or nan would make no epoch.
+MIX_WEIGHT: Rule = (lambda v: math.isfinite(v) and v > 0,
+                    "a finite number > 0 (leave a corpus out of dataset.mix rather than weigh it 0)")
 
 RANGES: dict[str, Rule] = {
     "dataset.max_pairs": at_least(10, or_null=True),
     "dataset.min_len": at_least(0),
     "dataset.valid_size": at_least(1),
     "dataset.test_size": at_least(0),
-    "dataset.weight": POSITIVE,
+    "dataset.weight": MIX_WEIGHT,
     "tokenizer.min_frequency": at_least(1),
     "tokenizer.max_sentences": at_least(100),
     "tokenizer.dropout": PROBABILITY,
@@ -167,8 +171,7 @@ def _mixed_corpus(d: DatasetConfig, k: int, corpus: MixedCorpus) -> list[str]:
     key = f"dataset.mix[{k}]"
     if corpus.name not in MIXABLE:
         return [f"{key}.name={corpus.name!r} is not allowed; choose one of: {', '.join(MIXABLE)}"]
-    found = out_of_range(f"{key}.weight", corpus.weight, corpus.weight > 0,
-                         "> 0 (leave the corpus out of dataset.mix instead)")
+    found = out_of_range(f"{key}.weight", corpus.weight, MIX_WEIGHT[0](corpus.weight), MIX_WEIGHT[1])
     pairs = corpus.max_pairs
     found += out_of_range(f"{key}.max_pairs", pairs, pairs is None or pairs >= 10, ">= 10 or null")
     shared = ("dataset.max_len", "dataset.src_lang and")  # the dataset's own keys: reported once
