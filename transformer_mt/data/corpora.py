@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 ANKI_PAGE = "https://www.manythings.org/anki/"
 HF_ROW = '{"translation": {"<src_lang>": ..., "<tgt_lang>": ...}}'
 _FLATTEN_WS = str.maketrans({"\t": " ", "\r": " ", "\n": " "})
+_LINE_END = re.compile(r"\r\n|\r|\n")  # not str.splitlines: \v, \f, \x1c, U+2028 ... stay in a sentence
 _TATOEBA_FILE = re.compile(r"([a-z]{3})-eng\.zip|([a-z]{3})\.txt")
 # The manythings files are named by ISO 639-3 codes, configs use ISO 639-1 where one exists: the codes
 # below are checked against the file name (other codes are taken as they are).
@@ -68,17 +69,37 @@ def read_utf8(path: Path) -> str:
     return decode_utf8(path.read_bytes(), str(path))
 
 
+def split_lines(text: str) -> list[str]:
+    """The lines of a text without their ends: "\\n", "\\r\\n" and a lone "\\r" (old Mac files) each end
+    a line, as in Python's universal newlines; a final line end starts no empty line."""
+    lines = _LINE_END.split(text)
+    return lines[:-1] if not lines[-1] else lines
+
+
+def _physical_lines(stream: Iterable[bytes]) -> Iterator[bytes]:
+    """The lines of a binary stream without their ends, "\\r" ending a line too (a stream's own
+    iteration splits at "\\n" only, so a file of "\\r" line ends would be one line)."""
+    for raw in stream:
+        raw = raw[:-1] if raw.endswith(b"\n") else raw
+        raw = raw[:-1] if raw.endswith(b"\r") else raw  # the "\r" of "\r\n", or a last lone one
+        if b"\r" in raw:
+            yield from raw.split(b"\r")
+        else:
+            yield raw
+
+
 def utf8_lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
-    """Lines of a binary stream, decoded one by one (a large input streams), without line endings; a
-    damaged compressed file (truncated gzip or zip, not gzip at all) is a DataError naming the line."""
+    """Lines of a binary stream, decoded one by one (a large input streams), without line endings (any
+    of "\\n", "\\r\\n", "\\r"); a damaged compressed file (truncated gzip or zip, not gzip at all) is a
+    DataError naming the line."""
     number = 0
     try:
-        for number, raw in enumerate(stream, start=1):
+        for number, raw in enumerate(_physical_lines(stream), start=1):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as ex:
                 raise not_utf8(name, number, raw[ex.start]) from None
-            yield line.rstrip("\r\n").lstrip("\ufeff") if number == 1 else line.rstrip("\r\n")
+            yield line.lstrip("\ufeff") if number == 1 else line
     except (OSError, EOFError, zlib.error, zipfile.BadZipFile) as ex:
         raise DataError(f"{name}: unreadable after line {number} ({type(ex).__name__}: {ex}); is the file "
                         "complete, and compressed as its name says?") from None
