@@ -2,7 +2,8 @@
 
 Output keeps line alignment: one line out per line in (n lines with n-best), an empty line for an
 empty line (or its prefix, with one). Lines are translated in chunks so a large file streams instead
-of filling memory.
+of filling memory; with `output=`, each chunk goes to a temporary file beside it, renamed into place
+once every line is written.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import contextlib
 import io
 import logging
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import IO, TextIO
 
 from transformer_mt.alignment import pharaoh
 from transformer_mt.config import TranslateConfig
@@ -113,6 +114,24 @@ def write_lines(engine: TextTranslator, lines: Iterable[str], out: TextIO, cfg: 
     return count
 
 
+def write_file(path: Path, write: Callable[[TextIO], int]) -> int:
+    """Run `write` on a UTF-8 text file that becomes `path` only once it is complete: the lines go to a
+    temporary file beside it as they are written (memory holds one chunk, not the output), renamed into
+    place at the end, so `path` never holds a partial output (an error leaves no file at all)."""
+    count = 0
+
+    def text(raw: IO[bytes]) -> None:
+        nonlocal count
+        out = io.TextIOWrapper(raw, encoding="utf-8", newline="\n")  # type: ignore[arg-type]
+        try:
+            count = write(out)
+        finally:
+            out.detach()  # flushes; atomic_write closes, fsyncs and renames the file itself
+
+    atomic_write(path, text)
+    return count
+
+
 def translate(cfg: TranslateConfig) -> None:
     """Entry point of `transformer-mt translate`."""
     engine = load_engine(cfg)
@@ -133,11 +152,11 @@ def translate(cfg: TranslateConfig) -> None:
             return
         else:
             lines = utf8_lines(sys.stdin.buffer, "stdin")
-        buffer = io.StringIO() if cfg.output else None
-        count = write_lines(engine, lines, buffer if buffer is not None else sys.stdout, cfg)
-    if buffer is not None:
-        atomic_write(Path(cfg.output), lambda f: f.write(buffer.getvalue().encode("utf-8")))
-        log.info("%d lines translated into %s", count, cfg.output)
+        if cfg.output:
+            count = write_file(Path(cfg.output), lambda out: write_lines(engine, lines, out, cfg))
+            log.info("%d lines translated into %s", count, cfg.output)
+        else:
+            write_lines(engine, lines, sys.stdout, cfg)
     if engine.truncated:
         log.warning("%d inputs were longer than %d tokens and were cut", engine.truncated,
                     engine.max_input_tokens)
