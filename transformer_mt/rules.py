@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from transformer_mt.errors import ConfigError
@@ -29,6 +31,7 @@ if TYPE_CHECKING:  # types only: the schemas import this module
         TokenizerConfig,
         TrainConfig,
         TrainingConfig,
+        TranslateConfig,
     )
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -270,6 +273,40 @@ def _engine_relations(cfg: EngineConfig) -> list[str]:
     return found
 
 
+def not_utf8_text(key: str, text: str | None) -> list[str]:
+    """Text given as a setting must encode as UTF-8: a byte that is not UTF-8 in a shell argument comes
+    to Python as a lone surrogate (U+DC80-U+DCFF), which the tokenizer cannot take."""
+    bad = next((c for c in text or "" if "\ud800" <= c <= "\udfff"), None)
+    if bad is None:
+        return []
+    what = f"byte 0x{ord(bad) - 0xDC00:02x}" if ord(bad) >= 0xDC80 else f"lone surrogate U+{ord(bad):04X}"
+    return [f"{key}= is not valid UTF-8 ({what}); give it as UTF-8 text (a UTF-8 terminal or LANG=C.UTF-8)"]
+
+
+def output_problems(key: str, value: str | None, directory: bool = False) -> list[str]:
+    """An output path a command can write at the end of its work, checked before the work starts: a
+    file that is no directory (or a directory that is no file), under a writable directory. Directories
+    that do not exist yet are created when the output is written."""
+    if value is None:
+        return []
+    path = Path(value).expanduser().absolute()
+    if not directory and path.is_dir():
+        return [f"{key}={value} is a directory; name a file, e.g. {key}={path / 'out.txt'}"]
+    if directory and path.exists() and not path.is_dir():
+        return [f"{key}={value} is a file; name a directory (created if missing)"]
+    above = next(p for p in path.parents if p.exists())  # the root exists
+    if not above.is_dir():
+        return [f"{key}={value} cannot be written: {above} is a file, not a directory"]
+    if not os.access(above, os.W_OK | os.X_OK):
+        return [f"{key}={value} cannot be written: no permission to write in {above}"]
+    return []
+
+
+def _translate_relations(cfg: TranslateConfig) -> list[str]:
+    return (_engine_relations(cfg) + not_utf8_text("text", cfg.text) + output_problems("output", cfg.output)
+            + output_problems("attention_png", cfg.attention_png))
+
+
 def _serve_relations(cfg: ServeConfig) -> list[str]:
     found = _engine_relations(cfg)
     if cfg.decoding.beam_size > cfg.limits.max_beam_size:
@@ -293,17 +330,20 @@ def _needs_checkpoint(cfg: EvaluateConfig | ExportConfig | ScoreConfig) -> list[
 
 
 def _evaluate_relations(cfg: EvaluateConfig) -> list[str]:
+    found = output_problems("output_dir", cfg.output_dir, directory=True)
     if cfg.decoding.alignment:
-        return ["decoding.alignment=true is for translate and serve; evaluate scores the translations alone"]
-    return []
+        found.append("decoding.alignment=true is for translate and serve; evaluate scores the translations "
+                     "alone")
+    return found
 
 
 def _score_relations(cfg: ScoreConfig) -> list[str]:
+    found = output_problems("output", cfg.output)
     if cfg.input is not None and (cfg.src is not None or cfg.tgt is not None):
-        return ["give the pairs as input=<TSV> or as src=<file> tgt=<file>, not both"]
-    if (cfg.src is None) != (cfg.tgt is None):
-        return ["src= and tgt= come together: one file of sources, one of their targets, aligned"]
-    return []
+        found.append("give the pairs as input=<TSV> or as src=<file> tgt=<file>, not both")
+    elif (cfg.src is None) != (cfg.tgt is None):
+        found.append("src= and tgt= come together: one file of sources, one of their targets, aligned")
+    return found
 
 
 def _needs_run_dir(cfg: TrainConfig) -> list[str]:
@@ -318,8 +358,9 @@ RELATIONS: dict[str, Callable[[Any], list[str]]] = {
     "TokenizerConfig": _tokenizer_relations, "TrainingConfig": _training_relations,
     "DeviceConfig": _device_relations,
     "DecodingConfig": _decoding_relations, "TrainConfig": _train_relations,
-    "TranslateConfig": _engine_relations, "ServeConfig": _serve_relations, "ScoreConfig": _score_relations,
+    "TranslateConfig": _translate_relations, "ServeConfig": _serve_relations, "ScoreConfig": _score_relations,
     "EvaluateConfig": _evaluate_relations,
+    "ExportConfig": lambda cfg: output_problems("output_dir", cfg.output_dir, directory=True),
 }
 # What a command cannot run without (`--cfg job` prints a config without them).
 REQUIRED: dict[str, Callable[[Any], list[str]]] = {
