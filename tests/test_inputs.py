@@ -1,0 +1,173 @@
+"""What the commands read and write, under abuse: mixture weights that make no epoch, outputs that are
+directories, a large output streamed into place, files with old-Mac ("\\r") line ends, and command-line
+text that is not UTF-8. Each is a one-line error naming the setting, or the input read as a person
+would read it."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+import transformer_mt as tmt
+from tests.conftest import run_cli
+from tests.test_mixture import CHARS, corpora, mixed_config  # noqa: F401 - corpora is a fixture
+from transformer_mt.config import DatasetConfig, EvaluateConfig, ScoreConfig, TranslateConfig
+from transformer_mt.data import load_pairs, load_split_tsv, prepare_data
+from transformer_mt.errors import ConfigError, DataError
+from transformer_mt.jobs import translate as translate_job
+from transformer_mt.jobs.evaluate import load_eval_set
+from transformer_mt.jobs.score import read_pairs
+from transformer_mt.translator import Translator
+
+
+# -- dataset.mix weights -----------------------------------------------------------------------------
+@pytest.mark.parametrize("weight", ["inf", "nan"])
+@pytest.mark.parametrize("key", ["dataset.mix[0].weight", "dataset.weight"])
+def test_a_mix_weight_that_is_not_a_finite_number_is_one_line(weight: str, key: str, tmp_path: Path) -> None:
+    corpus_weight, own_weight = (weight, 1) if key.startswith("dataset.mix") else (1, weight)
+    overrides = ["dataset=parallel", "dataset.path=x.tsv", f"dataset.weight={own_weight}",
+                 f"dataset.mix=[{{name:parallel,path:y.tsv,weight:{corpus_weight}}}]",
+                 f"checkpoint.dir={tmp_path / 'run'}"]
+    says = f"{re.escape(key)}={weight} is out of range; it must be a finite number > 0"
+    with pytest.raises(ConfigError, match=says) as info:
+        tmt.compose("train", overrides)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("which", ["dataset.weight", "dataset.mix[0].weight"])
+def test_a_weight_that_gives_an_epoch_no_pair_of_its_corpus_is_one_line(
+        which: str, tmp_path: Path, corpora: dict[str, Path]) -> None:  # noqa: F811 - the fixture
+    """0.001 x a few hundred pairs rounds to no pair at all: the corpus (or, with every weight so small,
+    the whole epoch) would be empty."""
+    cfg = mixed_config(tmp_path, corpora)
+    if which == "dataset.weight":
+        cfg.weight = 0.001
+    else:
+        cfg.mix[0] = dataclasses.replace(cfg.mix[0], weight=0.001)
+    says = rf"{re.escape(which)}=0.001 gives an epoch none of the \d+ training pairs of .*raise it to"
+    with pytest.raises(ConfigError, match=says) as info:
+        prepare_data(cfg, CHARS)
+    assert "\n" not in str(info.value)
+
+
+# -- outputs -----------------------------------------------------------------------------------------
+def test_an_output_that_is_a_directory_or_under_a_file_is_one_line_before_any_work(
+        tiny_run: Path, tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x", encoding="utf-8")
+    common = [f"checkpoint={tiny_run}", "device=cpu"]
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text("I am cold.\tJ'ai froid.\n", encoding="utf-8")
+    cases = [(tmt.translate, [*common, "text=Hello.", f"output={tmp_path}"], "output=.* is a directory"),
+             (tmt.translate, [*common, "text=Hello.", f"output={a_file}/out.txt"], "a-file is a file"),
+             (tmt.score, [*common, f"input={tsv}", f"output={tmp_path}"], "output=.* is a directory"),
+             (tmt.evaluate, [*common, f"tsv_file={tsv}", f"output_dir={a_file}"], "output_dir=.* is a file")]
+    for job, overrides, says in cases:
+        with pytest.raises(ConfigError, match=says) as info:
+            job(overrides)
+        assert "\n" not in str(info.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "pairs.tsv"]
+    nested = tmp_path / "new" / "dir" / "out.txt"  # directories that do not exist yet are made
+    tmt.translate([*common, "text=Hello.", f"output={nested}"])
+    assert len(nested.read_text(encoding="utf-8").splitlines()) == 1
+
+
+def test_translate_output_is_written_chunk_by_chunk_then_renamed_into_place(
+        tiny_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "in.txt"
+    src.write_text("".join(f"I am {n} years old.\n" for n in range(11)), encoding="utf-8")
+    common = [f"checkpoint={tiny_run}", "device=cpu", f"input={src}"]
+    tmt.translate(common)  # to stdout, in one chunk: the reference
+    expected = capsys.readouterr().out
+
+    out = tmp_path / "out" / "translations.txt"
+    seen: list[tuple[bool, int]] = []  # before each chunk: (final file there?, lines already written)
+    original = Translator.translate_nbest
+
+    def spy(self: Translator, sentences: list[str], *args: object, **kwargs: object) -> object:
+        partial = list(out.parent.glob(f".{out.name}.*.tmp")) if out.parent.exists() else []
+        assert len(partial) <= 1
+        written = len(partial[0].read_text(encoding="utf-8").splitlines()) if partial else -1
+        seen.append((out.exists(), written))
+        return original(self, sentences, *args, **kwargs)
+
+    monkeypatch.setattr(Translator, "translate_nbest", spy)
+    monkeypatch.setattr(translate_job, "CHUNK_LINES", 3)
+    tmt.translate([*common, f"output={out}"])
+    assert seen == [(False, 0), (False, 3), (False, 6), (False, 9)]  # each chunk on disk before the next
+    assert out.read_text(encoding="utf-8") == expected
+    assert [p.name for p in out.parent.iterdir()] == [out.name]  # no temporary file left
+
+    def fail(self: Translator, sentences: list[str], *args: object, **kwargs: object) -> object:
+        if len(seen) == 6:
+            raise KeyboardInterrupt
+        return spy(self, sentences, *args, **kwargs)
+
+    monkeypatch.setattr(Translator, "translate_nbest", fail)
+    failed = tmp_path / "failed.txt"
+    with pytest.raises(KeyboardInterrupt):
+        tmt.translate([*common, f"output={failed}"])
+    assert not failed.exists() and not list(tmp_path.glob(".failed.txt.*"))  # nothing half-written
+
+
+# -- line ends -------------------------------------------------------------------------------------
+SOURCES, TARGETS = ["I am cold.", "", "Who are you?", "Go."], ["J'ai froid.", "", "Qui es-tu ?", "Va !"]
+
+
+def _with_ends(lines: list[str], end: str) -> bytes:
+    return "".join(line + end for line in lines).encode("utf-8")
+
+
+@pytest.mark.parametrize("end", ["\r", "\r\n", "\n"])
+def test_every_text_file_read_takes_cr_crlf_and_lf_as_line_ends(end: str, tmp_path: Path) -> None:
+    src, ref, tsv = tmp_path / "src.txt", tmp_path / "ref.txt", tmp_path / "pairs.tsv"
+    src.write_bytes(_with_ends(SOURCES, end))
+    ref.write_bytes(_with_ends(TARGETS, "\n" if end == "\r" else "\r"))  # each file its own line ends
+    tsv.write_bytes(_with_ends([f"{s}\t{t}" for s, t in zip(SOURCES, TARGETS) if s], end))
+    kept = ([s for s in SOURCES if s], [t for t in TARGETS if t])
+    no_run = (tmp_path, {})
+    two_files = EvaluateConfig(src_file=str(src), ref_file=str(ref))
+    assert load_eval_set(two_files, *no_run)[:2] == (SOURCES, TARGETS)
+    assert load_eval_set(EvaluateConfig(tsv_file=str(tsv)), *no_run)[:2] == kept
+    assert load_split_tsv(tsv) == kept
+    assert read_pairs(ScoreConfig(src=str(src), tgt=str(ref)))[:2] == (SOURCES, TARGETS)
+    assert read_pairs(ScoreConfig(input=str(tsv)))[:2] == kept
+    corpus = DatasetConfig(name="parallel", path=None, url=None, src_lang="en", tgt_lang="fr")
+    assert load_pairs(dataclasses.replace(corpus, src_path=str(src), tgt_path=str(ref))) == kept
+    assert load_pairs(dataclasses.replace(corpus, path=str(tsv))) == kept
+
+
+def test_a_cr_inside_a_tsv_line_ends_it_in_every_reader(tmp_path: Path) -> None:
+    """"\\r" is a line end everywhere, inside a TSV line too: the line before it has one column, which
+    every TSV reader reports with its line number (never a sentence silently holding a line end)."""
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_bytes(b"I am cold.\tJ'ai froid.\nWho\rare you?\tQui es-tu ?\n")
+    for read in (lambda: load_split_tsv(tsv), lambda: read_pairs(ScoreConfig(input=str(tsv))),
+                 lambda: load_pairs(DatasetConfig(name="parallel", path=str(tsv), url=None))):
+        with pytest.raises(DataError, match="line 2 has 1 tab-separated column"):
+            read()
+
+
+def test_translate_reads_an_old_mac_file_line_by_line(tiny_run: Path, tmp_path: Path) -> None:
+    lf, cr = tmp_path / "lf.txt", tmp_path / "cr.txt"
+    lf.write_bytes(_with_ends(SOURCES, "\n"))
+    cr.write_bytes(_with_ends(SOURCES, "\r"))
+    for path in (lf, cr):
+        tmt.translate([f"checkpoint={tiny_run}", "device=cpu", f"input={path}", f"output={path}.out"])
+    text = Path(f"{cr}.out").read_text(encoding="utf-8")
+    assert len(text.split("\n")) == len(SOURCES) + 1 and Path(f"{lf}.out").read_text(encoding="utf-8") == text
+
+
+# -- text= -----------------------------------------------------------------------------------------
+def test_text_that_is_not_utf8_is_one_line(tiny_run: Path) -> None:
+    """A shell passes the byte 0xff as it is; Python holds it as the lone surrogate U+DCFF."""
+    done = run_cli("translate", f"checkpoint={tiny_run}", "device=cpu", "text=Hello \udcff")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == ("error: text= is not valid UTF-8 (byte 0xff); give it as "
+                                                    "UTF-8 text (a UTF-8 terminal or LANG=C.UTF-8)")
+    with pytest.raises(ConfigError, match=r"text= is not valid UTF-8 \(lone surrogate U\+D800\)"):
+        tmt.translate(TranslateConfig(checkpoint=str(tiny_run), text="Hello \ud800"))
