@@ -171,3 +171,19 @@ def test_text_that_is_not_utf8_is_one_line(tiny_run: Path) -> None:
                                                     "UTF-8 text (a UTF-8 terminal or LANG=C.UTF-8)")
     with pytest.raises(ConfigError, match=r"text= is not valid UTF-8 \(lone surrogate U\+D800\)"):
         tmt.translate(TranslateConfig(checkpoint=str(tiny_run), text="Hello \ud800"))
+
+
+def test_a_line_typed_at_the_prompt_that_is_not_utf8_is_one_line_and_the_prompt_goes_on(
+        tiny_engine: Translator, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    typed = ["Hello \udcff", "Hello."]
+
+    def prompt(_: str) -> str:
+        if not typed:
+            raise EOFError  # Ctrl-D
+        return typed.pop(0)
+
+    monkeypatch.setattr("builtins.input", prompt)
+    translate_job.interactive(tiny_engine, TranslateConfig())
+    captured = capsys.readouterr()
+    assert "error: the line is not valid UTF-8 (byte 0xff)" in captured.err
+    assert len(captured.out.splitlines()) == 1  # "Hello." is translated after it

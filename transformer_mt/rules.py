@@ -273,14 +273,14 @@ def _engine_relations(cfg: EngineConfig) -> list[str]:
     return found
 
 
-def not_utf8_text(key: str, text: str | None) -> list[str]:
-    """Text given as a setting must encode as UTF-8: a byte that is not UTF-8 in a shell argument comes
-    to Python as a lone surrogate (U+DC80-U+DCFF), which the tokenizer cannot take."""
+def not_utf8_text(what: str, text: str | None) -> list[str]:
+    """Text typed or given as an argument must encode as UTF-8: a byte that is not UTF-8 comes to Python
+    as a lone surrogate (U+DC80-U+DCFF, the shell's bytes escaped), which the tokenizer cannot take."""
     bad = next((c for c in text or "" if "\ud800" <= c <= "\udfff"), None)
     if bad is None:
         return []
-    what = f"byte 0x{ord(bad) - 0xDC00:02x}" if ord(bad) >= 0xDC80 else f"lone surrogate U+{ord(bad):04X}"
-    return [f"{key}= is not valid UTF-8 ({what}); give it as UTF-8 text (a UTF-8 terminal or LANG=C.UTF-8)"]
+    byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if ord(bad) >= 0xDC80 else f"lone surrogate U+{ord(bad):04X}"
+    return [f"{what} is not valid UTF-8 ({byte}); give it as UTF-8 text (a UTF-8 terminal or LANG=C.UTF-8)"]
 
 
 def output_problems(key: str, value: str | None, directory: bool = False) -> list[str]:
@@ -303,7 +303,7 @@ def output_problems(key: str, value: str | None, directory: bool = False) -> lis
 
 
 def _translate_relations(cfg: TranslateConfig) -> list[str]:
-    return (_engine_relations(cfg) + not_utf8_text("text", cfg.text) + output_problems("output", cfg.output)
+    return (_engine_relations(cfg) + not_utf8_text("text=", cfg.text) + output_problems("output", cfg.output)
             + output_problems("attention_png", cfg.attention_png))
 
 

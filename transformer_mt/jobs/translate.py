@@ -21,6 +21,7 @@ from transformer_mt.config import TranslateConfig
 from transformer_mt.data import utf8_lines
 from transformer_mt.engine import load_engine
 from transformer_mt.errors import ConfigError, DataError
+from transformer_mt.rules import not_utf8_text, raise_if
 from transformer_mt.runtime import atomic_write
 from transformer_mt.search import alignment
 from transformer_mt.translator import TextTranslator, Translation
@@ -62,9 +63,14 @@ def interactive(engine: TextTranslator, cfg: TranslateConfig) -> None:
     while True:
         try:
             line = input("> ")
+            raise_if(not_utf8_text("the line", line))  # a terminal that is not UTF-8 (surrogate escapes)
         except (EOFError, KeyboardInterrupt):
             print(file=sys.stderr)
             return
+        except (UnicodeDecodeError, ConfigError) as ex:  # a strict stdin raises, another escapes the bytes
+            print(f"error: {ex if isinstance(ex, ConfigError) else 'the line is not valid UTF-8'}; try again",
+                  file=sys.stderr)
+            continue
         for out in format_nbest(engine.translate_nbest([line])[0], cfg.decoding.n_best, cfg.scores):
             print(out, flush=True)
 
