@@ -6,6 +6,7 @@ would read it."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from pathlib import Path
 
@@ -58,18 +59,21 @@ def test_an_output_that_is_a_directory_or_under_a_file_is_one_line_before_any_wo
         tiny_run: Path, tmp_path: Path) -> None:
     a_file = tmp_path / "a-file"
     a_file.write_text("x", encoding="utf-8")
+    fifo = tmp_path / "a-pipe"
+    os.mkfifo(fifo)  # written to, it would be replaced by a file, not written through
     common = [f"checkpoint={tiny_run}", "device=cpu"]
     tsv = tmp_path / "pairs.tsv"
     tsv.write_text("I am cold.\tJ'ai froid.\n", encoding="utf-8")
     cases = [(tmt.translate, [*common, "text=Hello.", f"output={tmp_path}"], "output=.* is a directory"),
              (tmt.translate, [*common, "text=Hello.", f"output={a_file}/out.txt"], "a-file is a file"),
+             (tmt.translate, [*common, "text=Hello.", f"output={fifo}"], "a-pipe is not a regular file"),
              (tmt.score, [*common, f"input={tsv}", f"output={tmp_path}"], "output=.* is a directory"),
              (tmt.evaluate, [*common, f"tsv_file={tsv}", f"output_dir={a_file}"], "output_dir=.* is a file")]
     for job, overrides, says in cases:
         with pytest.raises(ConfigError, match=says) as info:
             job(overrides)
         assert "\n" not in str(info.value)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "pairs.tsv"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "a-pipe", "pairs.tsv"]
     nested = tmp_path / "new" / "dir" / "out.txt"  # directories that do not exist yet are made
     tmt.translate([*common, "text=Hello.", f"output={nested}"])
     assert len(nested.read_text(encoding="utf-8").splitlines()) == 1

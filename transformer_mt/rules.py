@@ -284,14 +284,16 @@ def not_utf8_text(what: str, text: str | None) -> list[str]:
 
 
 def output_problems(key: str, value: str | None, directory: bool = False) -> list[str]:
-    """An output path a command can write at the end of its work, checked before the work starts: a
-    file that is no directory (or a directory that is no file), under a writable directory. Directories
-    that do not exist yet are created when the output is written."""
+    """An output a command writes at the end of its work, checked before the work starts: a regular file
+    (or a directory) where there is anything, under a writable directory (missing ones are created)."""
     if value is None:
         return []
     path = Path(value).expanduser().absolute()
     if not directory and path.is_dir():
         return [f"{key}={value} is a directory; name a file, e.g. {key}={path / 'out.txt'}"]
+    if not directory and path.exists() and not path.is_file():  # replaced, not written through: refused
+        stdout = " (or leave output= out to print to stdout)" if key == "output" else ""
+        return [f"{key}={value} is not a regular file but a device or a pipe; name a file{stdout}"]
     if directory and path.exists() and not path.is_dir():
         return [f"{key}={value} is a file; name a directory (created if missing)"]
     above = next(p for p in path.parents if p.exists())  # the root exists
