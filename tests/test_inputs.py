@@ -6,6 +6,7 @@ would read it."""
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import os
 import re
 from pathlib import Path
@@ -191,3 +192,23 @@ def test_a_line_typed_at_the_prompt_that_is_not_utf8_is_one_line_and_the_prompt_
     captured = capsys.readouterr()
     assert "error: the line is not valid UTF-8 (byte 0xff)" in captured.err
     assert len(captured.out.splitlines()) == 1  # "Hello." is translated after it
+
+
+# -- input files -----------------------------------------------------------------------------------
+def test_an_input_that_is_a_directory_is_named_so(tmp_path: Path) -> None:
+    for read in (lambda: read_pairs(ScoreConfig(src=str(tmp_path), tgt=str(tmp_path))),
+                 lambda: load_split_tsv(tmp_path),
+                 lambda: load_pairs(DatasetConfig(name="parallel", path=str(tmp_path), url=None))):
+        with pytest.raises(DataError, match=f"^{re.escape(str(tmp_path))} is a directory, not a file"):
+            read()
+
+
+def test_translate_reads_a_gzip_input_as_every_other_command_does(tiny_run: Path, tmp_path: Path) -> None:
+    plain, packed = tmp_path / "in.txt", tmp_path / "in.txt.gz"
+    plain.write_bytes(_with_ends(SOURCES, "\n"))
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    for path in (plain, packed):
+        tmt.translate([f"checkpoint={tiny_run}", "device=cpu", f"input={path}", f"output={path}.out"])
+    text = Path(f"{packed}.out").read_text(encoding="utf-8")
+    assert len(text.split("\n")) == len(SOURCES) + 1
+    assert text == Path(f"{plain}.out").read_text(encoding="utf-8")

@@ -17,6 +17,7 @@ from transformer_mt.data.corpora import (
     ensure_tatoeba,
     load_pairs,
     locate,
+    open_binary,
     read_lines,
     read_utf8,
     utf8_lines,
@@ -29,5 +30,5 @@ from transformer_mt.errors import DataError
 
 __all__ = ["Batch", "DataError", "EncodedSplit", "PreparedData", "Ragged", "TokenBatchSampler", "assign",
            "collate", "ensure_tatoeba", "greedy_cut", "held_out_pairs", "length_sorted_batches",
-           "load_pairs", "load_split_tsv", "locate", "pad_sources", "prepare_data", "read_lines",
-           "read_utf8", "sentence_key", "utf8_lines"]
+           "load_pairs", "load_split_tsv", "locate", "open_binary", "pad_sources", "prepare_data",
+           "read_lines", "read_utf8", "sentence_key", "utf8_lines"]

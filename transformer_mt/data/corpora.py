@@ -62,10 +62,15 @@ def decode_utf8(data: bytes, name: str) -> str:
         raise not_utf8(name, data.count(b"\n", 0, ex.start + bom) + 1, data[ex.start + bom]) from None
 
 
+def no_file(path: Path, hint: str = "") -> DataError:
+    """The one message for an input file that is not there: missing, or a directory."""
+    return DataError(f"{path} {'is a directory, not a file' if path.is_dir() else 'does not exist'}{hint}")
+
+
 def read_utf8(path: Path) -> str:
     """The text of a UTF-8 file (DataError naming the file when it is missing or not UTF-8)."""
     if not path.is_file():
-        raise DataError(f"{path} does not exist")
+        raise no_file(path)
     return decode_utf8(path.read_bytes(), str(path))
 
 
@@ -108,7 +113,7 @@ def utf8_lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
 def open_binary(path: Path) -> IO[bytes]:
     """A file for reading bytes; gzip-compressed when its name ends in .gz."""
     if not path.is_file():
-        raise DataError(f"{path} does not exist")
+        raise no_file(path)
     return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")  # type: ignore[return-value]
 
 
@@ -358,7 +363,7 @@ def locate(cfg: DatasetConfig) -> Corpus:
         files = [resolve_path(f) for f in named if f]
         for file in files:
             if not file.is_file():
-                raise DataError(f"{file} does not exist; check the dataset.*path settings")
+                raise no_file(file, "; check the dataset.*path settings")
         held_out = bool(cfg.valid_src_path or cfg.valid_path)
     elif cfg.hf_data_files:
         files, held_out = hf_files(cfg), False

@@ -18,9 +18,9 @@ from typing import IO, TextIO
 
 from transformer_mt.alignment import pharaoh
 from transformer_mt.config import TranslateConfig
-from transformer_mt.data import utf8_lines
+from transformer_mt.data import open_binary, utf8_lines
 from transformer_mt.engine import load_engine
-from transformer_mt.errors import ConfigError, DataError
+from transformer_mt.errors import ConfigError
 from transformer_mt.rules import not_utf8_text, raise_if
 from transformer_mt.runtime import atomic_write
 from transformer_mt.search import alignment
@@ -150,9 +150,7 @@ def translate(cfg: TranslateConfig) -> None:
             lines: Iterable[str] = cfg.text.split("\n")
         elif cfg.input:
             path = Path(cfg.input)
-            if not path.is_file():
-                raise DataError(f"input file {path} does not exist")
-            lines = utf8_lines(stack.enter_context(path.open("rb")), str(path))
+            lines = utf8_lines(stack.enter_context(open_binary(path)), str(path))  # .gz too
         elif sys.stdin.isatty() and cfg.output is None:
             interactive(engine, cfg)
             return
