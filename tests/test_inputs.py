@@ -146,6 +146,15 @@ def test_every_text_file_read_takes_cr_crlf_and_lf_as_line_ends(end: str, tmp_pa
     assert load_pairs(dataclasses.replace(corpus, path=str(tsv))) == kept
 
 
+def test_a_byte_that_is_not_utf8_is_found_on_its_line_whatever_the_line_ends(tmp_path: Path) -> None:
+    tsv = tmp_path / "pairs.tsv"
+    for end in ("\r", "\r\n", "\n"):
+        tsv.write_bytes(_with_ends(["a\tb", "c\td"], end) + "é\tf".encode("latin-1") + end.encode())
+        for read in (lambda: load_split_tsv(tsv), lambda: read_pairs(ScoreConfig(input=str(tsv)))):
+            with pytest.raises(DataError, match="line 3 is not valid UTF-8 \\(byte 0xe9\\)"):
+                read()
+
+
 def test_a_cr_inside_a_tsv_line_ends_it_in_every_reader(tmp_path: Path) -> None:
     """"\\r" is a line end everywhere, inside a TSV line too: the line before it has one column, which
     every TSV reader reports with its line number (never a sentence silently holding a line end)."""

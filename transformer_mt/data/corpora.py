@@ -59,7 +59,9 @@ def decode_utf8(data: bytes, name: str) -> str:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as ex:
         bom = 3 if data.startswith(b"\xef\xbb\xbf") else 0
-        raise not_utf8(name, data.count(b"\n", 0, ex.start + bom) + 1, data[ex.start + bom]) from None
+        before = data[:ex.start + bom]  # its line ends, counted as split_lines reads them
+        line = before.count(b"\n") + before.count(b"\r") - before.count(b"\r\n") + 1
+        raise not_utf8(name, line, data[ex.start + bom]) from None
 
 
 def no_file(path: Path, hint: str = "") -> DataError:
