@@ -166,6 +166,21 @@ def test_a_cr_inside_a_tsv_line_ends_it_in_every_reader(tmp_path: Path) -> None:
             read()
 
 
+def test_a_lone_cr_in_one_of_two_aligned_files_is_a_line_count_error_that_says_why(tmp_path: Path) -> None:
+    """Source and reference stay aligned: a "\\r" inside a line of one file makes one line more there,
+    which every two-file reader refuses, naming the line ends."""
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_bytes(b"I am cold.\nWho\rare you?\n")
+    ref.write_bytes(b"J'ai froid.\nQui es-tu ?\n")
+    says = r"has \d lines but .* \(\\n, \\r\\n and a lone \\r each end a line\)"
+    for read in (lambda: load_eval_set(EvaluateConfig(src_file=str(src), ref_file=str(ref)), tmp_path, {}),
+                 lambda: read_pairs(ScoreConfig(src=str(ref), tgt=str(src))),
+                 lambda: load_pairs(DatasetConfig(name="parallel", path=None, url=None, src_path=str(ref),
+                                                  tgt_path=str(src)))):
+        with pytest.raises(DataError, match=says):
+            read()
+
+
 def test_translate_reads_an_old_mac_file_line_by_line(tiny_run: Path, tmp_path: Path) -> None:
     lf, cr = tmp_path / "lf.txt", tmp_path / "cr.txt"
     lf.write_bytes(_with_ends(SOURCES, "\n"))

@@ -36,6 +36,7 @@ ANKI_PAGE = "https://www.manythings.org/anki/"
 HF_ROW = '{"translation": {"<src_lang>": ..., "<tgt_lang>": ...}}'
 _FLATTEN_WS = str.maketrans({"\t": " ", "\r": " ", "\n": " "})
 _LINE_END = re.compile(r"\r\n|\r|\n")  # not str.splitlines: \v, \f, \x1c, U+2028 ... stay in a sentence
+LINE_ENDS = "\\n, \\r\\n and a lone \\r each end a line"  # said where line counts differ
 _TATOEBA_FILE = re.compile(r"([a-z]{3})-eng\.zip|([a-z]{3})\.txt")
 # The manythings files are named by ISO 639-3 codes, configs use ISO 639-1 where one exists: the codes
 # below are checked against the file name (other codes are taken as they are).
@@ -183,7 +184,7 @@ def file_lines(src_path: Path, tgt_path: Path) -> Iterator[tuple[str, str]]:
             if s is None or t is None:
                 shorter, longer = (src_path, tgt_path) if s is None else (tgt_path, src_path)
                 raise DataError(f"{shorter} has {number - 1} lines but {longer} has more; the two files must "
-                                "hold one sentence per line each, aligned")
+                                f"hold one sentence per line each, aligned ({LINE_ENDS})")
             yield s, t
 
 
