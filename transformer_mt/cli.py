@@ -116,9 +116,9 @@ def run_command(command: str, cfg: DictConfig, extras: Extras) -> Any:
     """The Hydra task function: typed config in, the job's result out (a sweep's objective)."""
     typed = to_dataclass(cfg, SCHEMAS[command])
     try:
-        validate(typed)
         if command == "translate" and extras.text is not None:
-            typed.text = extras.text
+            typed.text = extras.text  # before validate: its rules read it too
+        validate(typed)
         return _job(command)(typed)
     except UserError as ex:
         sys.exit(_one_line(ex, typed.traceback))

@@ -8,9 +8,11 @@ section's own `check()`) can report them all at once.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from transformer_mt.arguments import not_utf8_text, output_problems
 from transformer_mt.errors import ConfigError
 
 if TYPE_CHECKING:  # types only: the schemas import this module
@@ -28,6 +30,7 @@ if TYPE_CHECKING:  # types only: the schemas import this module
         TokenizerConfig,
         TrainConfig,
         TrainingConfig,
+        TranslateConfig,
     )
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -59,13 +62,16 @@ def at_least(low: float, or_null: bool = False) -> Rule:
 
 PROBABILITY: Rule = (lambda v: 0.0 <= v < 1.0, "in [0, 1)")
 POSITIVE: Rule = (lambda v: v > 0, "> 0")
+# How many times an epoch holds a corpus's pairs (data/mixture.py): inf or nan would make no epoch.
+MIX_WEIGHT: Rule = (lambda v: math.isfinite(v) and v > 0,
+                    "a finite number > 0 (leave a corpus out of dataset.mix rather than weigh it 0)")
 
 RANGES: dict[str, Rule] = {
     "dataset.max_pairs": at_least(10, or_null=True),
     "dataset.min_len": at_least(0),
     "dataset.valid_size": at_least(1),
     "dataset.test_size": at_least(0),
-    "dataset.weight": POSITIVE,
+    "dataset.weight": MIX_WEIGHT,
     "tokenizer.min_frequency": at_least(1),
     "tokenizer.max_sentences": at_least(100),
     "tokenizer.dropout": PROBABILITY,
@@ -172,8 +178,7 @@ def _mixed_corpus(d: DatasetConfig, k: int, corpus: MixedCorpus) -> list[str]:
     key = f"dataset.mix[{k}]"
     if corpus.name not in MIXABLE:
         return [f"{key}.name={corpus.name!r} is not allowed; choose one of: {', '.join(MIXABLE)}"]
-    found = out_of_range(f"{key}.weight", corpus.weight, corpus.weight > 0,
-                         "> 0 (leave the corpus out of dataset.mix instead)")
+    found = out_of_range(f"{key}.weight", corpus.weight, MIX_WEIGHT[0](corpus.weight), MIX_WEIGHT[1])
     pairs = corpus.max_pairs
     found += out_of_range(f"{key}.max_pairs", pairs, pairs is None or pairs >= 10, ">= 10 or null")
     shared = ("dataset.max_len", "dataset.src_lang and")  # the dataset's own keys: reported once
@@ -272,6 +277,11 @@ def _engine_relations(cfg: EngineConfig) -> list[str]:
     return found
 
 
+def _translate_relations(cfg: TranslateConfig) -> list[str]:
+    return (_engine_relations(cfg) + not_utf8_text("text=", cfg.text) + output_problems("output", cfg.output)
+            + output_problems("attention_png", cfg.attention_png))
+
+
 def _serve_relations(cfg: ServeConfig) -> list[str]:
     found = _engine_relations(cfg)
     if cfg.decoding.beam_size > cfg.limits.max_beam_size:
@@ -297,17 +307,20 @@ def _needs_checkpoint(cfg: EvaluateConfig | ExportConfig | ScoreConfig) -> list[
 
 
 def _evaluate_relations(cfg: EvaluateConfig) -> list[str]:
+    found = output_problems("output_dir", cfg.output_dir, directory=True)
     if cfg.decoding.alignment:
-        return ["decoding.alignment=true is for translate and serve; evaluate scores the translations alone"]
-    return []
+        found.append("decoding.alignment=true is for translate and serve; evaluate scores the translations "
+                     "alone")
+    return found
 
 
 def _score_relations(cfg: ScoreConfig) -> list[str]:
+    found = output_problems("output", cfg.output)
     if cfg.input is not None and (cfg.src is not None or cfg.tgt is not None):
-        return ["give the pairs as input=<TSV> or as src=<file> tgt=<file>, not both"]
-    if (cfg.src is None) != (cfg.tgt is None):
-        return ["src= and tgt= come together: one file of sources, one of their targets, aligned"]
-    return []
+        found.append("give the pairs as input=<TSV> or as src=<file> tgt=<file>, not both")
+    elif (cfg.src is None) != (cfg.tgt is None):
+        found.append("src= and tgt= come together: one file of sources, one of their targets, aligned")
+    return found
 
 
 def _needs_run_dir(cfg: TrainConfig) -> list[str]:
@@ -322,8 +335,9 @@ RELATIONS: dict[str, Callable[[Any], list[str]]] = {
     "TokenizerConfig": _tokenizer_relations, "TrainingConfig": _training_relations,
     "DeviceConfig": _device_relations,
     "DecodingConfig": _decoding_relations, "TrainConfig": _train_relations,
-    "TranslateConfig": _engine_relations, "ServeConfig": _serve_relations, "ScoreConfig": _score_relations,
+    "TranslateConfig": _translate_relations, "ServeConfig": _serve_relations, "ScoreConfig": _score_relations,
     "EvaluateConfig": _evaluate_relations,
+    "ExportConfig": lambda cfg: output_problems("output_dir", cfg.output_dir, directory=True),
 }
 # What a command cannot run without (`--cfg job` prints a config without them).
 REQUIRED: dict[str, Callable[[Any], list[str]]] = {

@@ -14,9 +14,11 @@ from transformer_mt.data.batching import (
 )
 from transformer_mt.data.cache import held_out_pairs
 from transformer_mt.data.corpora import (
+    LINE_ENDS,
     ensure_tatoeba,
     load_pairs,
     locate,
+    open_binary,
     read_lines,
     read_utf8,
     utf8_lines,
@@ -27,7 +29,7 @@ from transformer_mt.data.ragged import Ragged
 from transformer_mt.data.split import assign, load_split_tsv, sentence_key
 from transformer_mt.errors import DataError
 
-__all__ = ["Batch", "DataError", "EncodedSplit", "PreparedData", "Ragged", "TokenBatchSampler", "assign",
-           "collate", "ensure_tatoeba", "greedy_cut", "held_out_pairs", "length_sorted_batches",
-           "load_pairs", "load_split_tsv", "locate", "pad_sources", "prepare_data", "read_lines",
-           "read_utf8", "sentence_key", "utf8_lines"]
+__all__ = ["LINE_ENDS", "Batch", "DataError", "EncodedSplit", "PreparedData", "Ragged", "TokenBatchSampler",
+           "assign", "collate", "ensure_tatoeba", "greedy_cut", "held_out_pairs", "length_sorted_batches",
+           "load_pairs", "load_split_tsv", "locate", "open_binary", "pad_sources", "prepare_data",
+           "read_lines", "read_utf8", "sentence_key", "utf8_lines"]

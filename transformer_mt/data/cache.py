@@ -36,7 +36,7 @@ from transformer_mt.errors import DataError
 from transformer_mt.tokenizer import Vocabulary, train_tokenizers
 
 log = logging.getLogger(__name__)
-CACHE_FORMAT = 3  # bump when the cached content or its layout changes
+CACHE_FORMAT = 4  # bump when the cached content or its layout changes (4: a lone \r ends a line)
 CHUNK = 50_000  # pairs tokenized at a time
 GATHER = 65_536  # training pairs put in split order at a time
 

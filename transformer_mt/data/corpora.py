@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 ANKI_PAGE = "https://www.manythings.org/anki/"
 HF_ROW = '{"translation": {"<src_lang>": ..., "<tgt_lang>": ...}}'
 _FLATTEN_WS = str.maketrans({"\t": " ", "\r": " ", "\n": " "})
+_LINE_END = re.compile(r"\r\n|\r|\n")  # not str.splitlines: \v, \f, \x1c, U+2028 ... stay in a sentence
+LINE_ENDS = "\\n, \\r\\n and a lone \\r each end a line"  # said where line counts differ
 _TATOEBA_FILE = re.compile(r"([a-z]{3})-eng\.zip|([a-z]{3})\.txt")
 # The manythings files are named by ISO 639-3 codes, configs use ISO 639-1 where one exists: the codes
 # below are checked against the file name (other codes are taken as they are).
@@ -58,27 +60,54 @@ def decode_utf8(data: bytes, name: str) -> str:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as ex:
         bom = 3 if data.startswith(b"\xef\xbb\xbf") else 0
-        raise not_utf8(name, data.count(b"\n", 0, ex.start + bom) + 1, data[ex.start + bom]) from None
+        before = data[:ex.start + bom]  # its line ends, counted as split_lines reads them
+        line = before.count(b"\n") + before.count(b"\r") - before.count(b"\r\n") + 1
+        raise not_utf8(name, line, data[ex.start + bom]) from None
+
+
+def no_file(path: Path, hint: str = "") -> DataError:
+    """The one message for an input file that is not there: missing, or a directory."""
+    return DataError(f"{path} {'is a directory, not a file' if path.is_dir() else 'does not exist'}{hint}")
 
 
 def read_utf8(path: Path) -> str:
     """The text of a UTF-8 file (DataError naming the file when it is missing or not UTF-8)."""
     if not path.is_file():
-        raise DataError(f"{path} does not exist")
+        raise no_file(path)
     return decode_utf8(path.read_bytes(), str(path))
 
 
+def split_lines(text: str) -> list[str]:
+    """The lines of a text without their ends: "\\n", "\\r\\n" and a lone "\\r" (old Mac files) each end
+    a line, as in Python's universal newlines; a final line end starts no empty line."""
+    lines = _LINE_END.split(text)
+    return lines[:-1] if not lines[-1] else lines
+
+
+def _physical_lines(stream: Iterable[bytes]) -> Iterator[bytes]:
+    """The lines of a binary stream without their ends, "\\r" ending a line too (a stream's own
+    iteration splits at "\\n" only, so a file of "\\r" line ends would be one line)."""
+    for raw in stream:
+        raw = raw[:-1] if raw.endswith(b"\n") else raw
+        raw = raw[:-1] if raw.endswith(b"\r") else raw  # the "\r" of "\r\n", or a last lone one
+        if b"\r" in raw:
+            yield from raw.split(b"\r")
+        else:
+            yield raw
+
+
 def utf8_lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
-    """Lines of a binary stream, decoded one by one (a large input streams), without line endings; a
-    damaged compressed file (truncated gzip or zip, not gzip at all) is a DataError naming the line."""
+    """Lines of a binary stream, decoded one by one (a large input streams), without line endings (any
+    of "\\n", "\\r\\n", "\\r"); a damaged compressed file (truncated gzip or zip, not gzip at all) is a
+    DataError naming the line."""
     number = 0
     try:
-        for number, raw in enumerate(stream, start=1):
+        for number, raw in enumerate(_physical_lines(stream), start=1):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as ex:
                 raise not_utf8(name, number, raw[ex.start]) from None
-            yield line.rstrip("\r\n").lstrip("\ufeff") if number == 1 else line.rstrip("\r\n")
+            yield line.lstrip("\ufeff") if number == 1 else line
     except (OSError, EOFError, zlib.error, zipfile.BadZipFile) as ex:
         raise DataError(f"{name}: unreadable after line {number} ({type(ex).__name__}: {ex}); is the file "
                         "complete, and compressed as its name says?") from None
@@ -87,7 +116,7 @@ def utf8_lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
 def open_binary(path: Path) -> IO[bytes]:
     """A file for reading bytes; gzip-compressed when its name ends in .gz."""
     if not path.is_file():
-        raise DataError(f"{path} does not exist")
+        raise no_file(path)
     return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")  # type: ignore[return-value]
 
 
@@ -155,7 +184,7 @@ def file_lines(src_path: Path, tgt_path: Path) -> Iterator[tuple[str, str]]:
             if s is None or t is None:
                 shorter, longer = (src_path, tgt_path) if s is None else (tgt_path, src_path)
                 raise DataError(f"{shorter} has {number - 1} lines but {longer} has more; the two files must "
-                                "hold one sentence per line each, aligned")
+                                f"hold one sentence per line each, aligned ({LINE_ENDS})")
             yield s, t
 
 
@@ -337,7 +366,7 @@ def locate(cfg: DatasetConfig) -> Corpus:
         files = [resolve_path(f) for f in named if f]
         for file in files:
             if not file.is_file():
-                raise DataError(f"{file} does not exist; check the dataset.*path settings")
+                raise no_file(file, "; check the dataset.*path settings")
         held_out = bool(cfg.valid_src_path or cfg.valid_path)
     elif cfg.hf_data_files:
         files, held_out = hf_files(cfg), False

@@ -33,7 +33,7 @@ from transformer_mt.data.encode import (
     write_summary,
 )
 from transformer_mt.data.ragged import Ragged
-from transformer_mt.errors import DataError
+from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.tokenizer import Vocabulary, train_tokenizers
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,12 @@ class Part:
     start: int
     stop: int
     weight: float
+
+    def share(self) -> tuple[int, int]:
+        """(whole times, pairs drawn) of this corpus in each epoch: floor(weight) times all its pairs,
+        plus round(fraction * pairs) drawn anew."""
+        whole, fraction = divmod(self.weight, 1)
+        return int(whole), round(fraction * (self.stop - self.start))
 
 
 @dataclass(frozen=True)
@@ -66,9 +72,8 @@ class Mixture:
         rng = np.random.default_rng([self.seed, epoch])
         rows = []
         for p in self.parts:
-            whole, fraction = divmod(p.weight, 1)
-            rows += [np.arange(p.start, p.stop)] * int(whole)
-            drawn = round(fraction * (p.stop - p.start))
+            whole, drawn = p.share()
+            rows += [np.arange(p.start, p.stop)] * whole
             if drawn:
                 rows.append(p.start + np.sort(rng.choice(p.stop - p.start, drawn, replace=False)))
         return np.concatenate(rows)
@@ -77,6 +82,16 @@ class Mixture:
         """How many of `rows` each corpus gives, e.g. '29000 of train.en.gz (weight 1), ...'."""
         counts = [int(((rows >= p.start) & (rows < p.stop)).sum()) for p in self.parts]
         return ", ".join(f"{n} of {p.name} (weight {p.weight:g})" for n, p in zip(counts, self.parts))
+
+
+def check_share(key: str, part: Part) -> None:
+    """A corpus must give an epoch at least one pair: a weight below 1 / its pairs gives none (the
+    fraction drawn rounds to 0), so the corpus would never be trained on."""
+    if part.share() == (0, 0):
+        pairs = part.stop - part.start
+        raise ConfigError(f"{key}={part.weight:g} gives an epoch none of the {pairs} training pairs of "
+                          f"{part.name} ({part.weight:g} x {pairs} rounds to 0 pairs); raise it to at least "
+                          f"{1 / pairs:.2g}, or leave the corpus out")
 
 
 def corpus_configs(cfg: DatasetConfig) -> list[DatasetConfig]:
@@ -141,6 +156,7 @@ def prepare_mixture(cfg: DatasetConfig, tok_cfg: TokenizerConfig, run_dir: Path 
     vocab = vocab or mixture_vocab(cfgs, tok_cfg)
     first = prepare_corpus(cfgs[0], tok_cfg, run_dir, vocab)
     splits, parts = [first.train], [Part(first.stats["source"], 0, len(first.train), cfg.weight)]
+    check_share("dataset.weight", parts[0])
     corpora = [{"source": first.stats["source"], "train": len(first.train), "weight": cfg.weight,
                 "tag": cfg.tag}]
     for k, (corpus_cfg, corpus) in enumerate(zip(cfgs[1:], cfg.mix)):
@@ -157,6 +173,7 @@ def prepare_mixture(cfg: DatasetConfig, tok_cfg: TokenizerConfig, run_dir: Path 
         start = parts[-1].stop
         splits.append(train)
         parts.append(Part(name, start, start + len(train), corpus.weight))
+        check_share(f"dataset.mix[{k}].weight", parts[-1])
         corpora.append({"source": name, "train": len(train), "weight": corpus.weight, "tag": corpus.tag,
                         "left_out_as_held_out": leaked})
     joint = EncodedSplit(Ragged.concat([s.src_ids for s in splits]),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from transformer_mt.data.corpora import read_utf8
+from transformer_mt.data.corpora import no_file, read_utf8, split_lines
 from transformer_mt.data.memory import index_type, release_freed_memory
 from transformer_mt.errors import DataError
 
@@ -134,11 +134,10 @@ def load_split_tsv(path: str | Path) -> tuple[list[str], list[str]]:
     """(sources, targets) of a source<TAB>target file as save_split writes; blank lines ignored."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path} does not exist; give a source<TAB>reference file")
+        raise no_file(path, "; give a source<TAB>reference file")
     src: list[str] = []
     tgt: list[str] = []
-    for n, line in enumerate(read_utf8(path).split("\n"), start=1):
-        line = line.rstrip("\r")
+    for n, line in enumerate(split_lines(read_utf8(path)), start=1):
         if not line.strip():
             continue
         parts = line.split("\t")

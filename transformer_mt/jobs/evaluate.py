@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer_mt.config import DatasetConfig, EvaluateConfig
-from transformer_mt.data import held_out_pairs, load_split_tsv, read_lines
+from transformer_mt.data import LINE_ENDS, held_out_pairs, load_split_tsv, read_lines
 from transformer_mt.data.split import SPLIT_DIR
 from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.metrics import Scores, score
@@ -36,7 +36,8 @@ def load_eval_set(cfg: EvaluateConfig, run_dir: Path,
             raise ConfigError("give both src_file= and ref_file= (or one tsv_file=)")
         src, ref = read_lines(Path(cfg.src_file)), read_lines(Path(cfg.ref_file))
         if len(src) != len(ref):
-            raise DataError(f"{cfg.src_file} has {len(src)} lines but {cfg.ref_file} has {len(ref)}")
+            raise DataError(f"{cfg.src_file} has {len(src)} lines but {cfg.ref_file} has {len(ref)} "
+                            f"({LINE_ENDS})")
         return src, ref, Path(cfg.src_file).stem
     saved = run_dir / SPLIT_DIR / f"{cfg.split}.tsv"
     if saved.is_file():

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from transformer_mt.config import ScoreConfig
-from transformer_mt.data import read_lines, utf8_lines
+from transformer_mt.data import LINE_ENDS, read_lines, utf8_lines
 from transformer_mt.errors import DataError
 from transformer_mt.runtime import atomic_write, configure_threads, select_device
 from transformer_mt.scoring import PairScore
@@ -44,7 +44,7 @@ def read_pairs(cfg: ScoreConfig) -> tuple[list[str], list[str], str]:
         sources, targets = read_lines(Path(cfg.src)), read_lines(Path(cfg.tgt))
         if len(sources) != len(targets):
             raise DataError(f"{cfg.src} has {len(sources)} lines but {cfg.tgt} has {len(targets)}; the two "
-                            "files must hold one sentence per line each, aligned")
+                            f"files must hold one sentence per line each, aligned ({LINE_ENDS})")
         name = f"{cfg.src} + {cfg.tgt}"
     elif cfg.input is not None:
         sources, targets = tsv_pairs(read_lines(Path(cfg.input)), cfg.input)

@@ -2,7 +2,8 @@
 
 Output keeps line alignment: one line out per line in (n lines with n-best), an empty line for an
 empty line (or its prefix, with one). Lines are translated in chunks so a large file streams instead
-of filling memory.
+of filling memory; with `output=`, each chunk goes to a temporary file beside it, renamed into place
+once every line is written.
 """
 
 from __future__ import annotations
@@ -11,20 +12,23 @@ import contextlib
 import io
 import logging
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import IO, TextIO, TypeVar
 
 from transformer_mt.alignment import pharaoh
+from transformer_mt.arguments import not_utf8_text
 from transformer_mt.config import TranslateConfig
-from transformer_mt.data import utf8_lines
+from transformer_mt.data import open_binary, utf8_lines
 from transformer_mt.engine import load_engine
 from transformer_mt.errors import ConfigError, DataError
+from transformer_mt.rules import raise_if
 from transformer_mt.runtime import atomic_write
 from transformer_mt.search import alignment
 from transformer_mt.translator import TextTranslator, Translation, check_default_prefix
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 CHUNK_LINES = 2000  # lines translated together: big enough to batch well, small enough to stream
 
 
@@ -61,9 +65,14 @@ def interactive(engine: TextTranslator, cfg: TranslateConfig) -> None:
     while True:
         try:
             line = input("> ")
+            raise_if(not_utf8_text("the line", line))  # a terminal that is not UTF-8 (surrogate escapes)
         except (EOFError, KeyboardInterrupt):
             print(file=sys.stderr)
             return
+        except (UnicodeDecodeError, ConfigError) as ex:  # a strict stdin raises, another escapes the bytes
+            print(f"error: {ex if isinstance(ex, ConfigError) else 'the line is not valid UTF-8'}; try again",
+                  file=sys.stderr)
+            continue
         for out in format_nbest(engine.translate_nbest([line])[0], cfg.decoding.n_best, cfg.scores):
             print(out, flush=True)
 
@@ -137,6 +146,23 @@ def translate_fitting(engine: TextTranslator, sources: list[str], prefixes: list
     return results, failed
 
 
+def write_file(path: Path, write: Callable[[TextIO], T]) -> T:
+    """Run `write` on a UTF-8 text file that becomes `path` only once it is complete: the lines go to a
+    temporary file beside it as they are written (memory holds one chunk, not the output), renamed into
+    place at the end, so `path` never holds a partial output (an error leaves no file at all)."""
+    result: list[T] = []
+
+    def text(raw: IO[bytes]) -> None:
+        out = io.TextIOWrapper(raw, encoding="utf-8", newline="\n")  # type: ignore[arg-type]
+        try:
+            result.append(write(out))
+        finally:
+            out.detach()  # flushes; atomic_write closes, fsyncs and renames the file itself
+
+    atomic_write(path, text)
+    return result[0]
+
+
 def translate(cfg: TranslateConfig) -> None:
     """Entry point of `transformer-mt translate`."""
     engine = load_engine(cfg)
@@ -150,19 +176,17 @@ def translate(cfg: TranslateConfig) -> None:
             lines: Iterable[str] = cfg.text.split("\n")
         elif cfg.input:
             path = Path(cfg.input)
-            if not path.is_file():
-                raise DataError(f"input file {path} does not exist")
-            lines = utf8_lines(stack.enter_context(path.open("rb")), str(path))
+            lines = utf8_lines(stack.enter_context(open_binary(path)), str(path))  # .gz too
         elif sys.stdin.isatty() and cfg.output is None:
             interactive(engine, cfg)
             return
         else:
             lines = utf8_lines(sys.stdin.buffer, "stdin")
-        buffer = io.StringIO() if cfg.output else None
-        count, failed = write_lines(engine, lines, buffer if buffer is not None else sys.stdout, cfg)
-    if buffer is not None:
-        atomic_write(Path(cfg.output), lambda f: f.write(buffer.getvalue().encode("utf-8")))
-        log.info("%d lines translated into %s", count, cfg.output)
+        if cfg.output:
+            count, failed = write_file(Path(cfg.output), lambda out: write_lines(engine, lines, out, cfg))
+            log.info("%d lines translated into %s", count, cfg.output)
+        else:
+            count, failed = write_lines(engine, lines, sys.stdout, cfg)
     if engine.truncated:
         log.warning("%d inputs were longer than %d tokens and were cut", engine.truncated,
                     engine.max_input_tokens)
