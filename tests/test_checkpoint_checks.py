@@ -34,7 +34,8 @@ SOURCES = ["the cat sat", "a dog ran", "the dog sat down", "a cat ran away"]
 TARGETS = ["le chat", "un chien", "le chien", "un chat"]
 TINY = ModelConfig(d_model=8, n_heads=2, d_ff=16, encoder_layers=1, decoder_layers=1, max_positions=32)
 # A config about 700 MB of float32 would take to build (176M parameters), for a vocabulary of a few words.
-LARGE = {"d_model": 1024, "n_heads": 8, "d_ff": 4096, "encoder_layers": 6, "decoder_layers": 6}
+LARGE = {"d_model": 1024, "n_heads": 8, "d_ff": 4096, "encoder_layers": 6, "decoder_layers": 6,
+         "max_positions": 256}
 # The issue's claim: far past every bound.
 HUGE = {"d_model": 65536, "n_heads": 8, "d_ff": 65536, "encoder_layers": 100, "decoder_layers": 100,
         "src_vocab_size": 10_000_000, "tgt_vocab_size": 10_000_000}
@@ -269,14 +270,17 @@ def baseline_kib(tmp_path_factory: pytest.TempPathFactory) -> int:
     (LARGE, "translate"), (HUGE, "translate"), (LARGE, "train"),
 ])
 def test_a_crafted_checkpoint_claiming_a_huge_model_is_refused_in_little_memory(
-        tmp_path: Path, state: dict[str, Any], baseline_kib: int, claim: dict[str, int],
-        command: str) -> None:
+        tmp_path: Path, state: dict[str, Any], baseline_kib: int, claim: dict[str, int], command: str,
+        corpus: Path) -> None:
     """A few kB whose model_config claims hundreds of millions of parameters: refused in one line, the
-    process using at most 32 MiB more than one that fails before reading any checkpoint."""
+    process using at most 32 MiB more than one that fails before reading any checkpoint. (Fine-tuning is
+    given a corpus, so that nothing else stops it before it builds the model.)"""
     crafted = _write(tmp_path, _with_config(state, **claim))
     assert crafted.stat().st_size < 64_000
     args = ([f"checkpoint={crafted}", "text=hi"] if command == "translate" else
-            [f"init={crafted}", f"checkpoint.dir={tmp_path / 'run'}"])
+            [f"init={crafted}", f"checkpoint.dir={tmp_path / 'run'}", f"dataset.path={corpus}",
+             "dataset.url=null", "dataset.max_pairs=300", f"dataset.cache_dir={tmp_path / 'cache'}",
+             "device.num_threads=1"])
     peak, stderr = _peak_kib(command, *args)
     print(f"{command} with {claim}: peak {peak / 1024:.0f} MiB, baseline {baseline_kib / 1024:.0f} MiB")
     assert len(stderr.splitlines()) == 1 and stderr.startswith("error: ") and str(crafted) in stderr
