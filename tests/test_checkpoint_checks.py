@@ -216,12 +216,15 @@ def test_resume_from_a_checkpoint_without_its_overrides_is_one_line(tmp_path: Pa
 
 def test_a_resumed_position_of_the_wrong_type_is_one_line(tmp_path: Path, state: dict[str, Any]) -> None:
     training = {**state, "optimizer": {}, "scheduler": {}, "batch_in_epoch": 0, "bad_epochs": 0,
-                "validated": False, "best": {"metric": "bleu", "value": None, "epoch": None}, "world_size": 1}
+                "validated": False, "best": {"metric": "bleu", "value": None, "epoch": None}, "world_size": 1,
+                "train_seconds": 1.5, "rng": {}}
     assert load_latest_good(_write(tmp_path, training))[1]["step"] == 3
     with pytest.raises(CheckpointError, match="world_size is '2', expected an integer"):
         load_latest_good(_write(tmp_path, training, world_size="2"))
     with pytest.raises(CheckpointError, match="has no batch_in_epoch"):
         load_latest_good(_write(tmp_path, {k: v for k, v in training.items() if k != "batch_in_epoch"}))
+    with pytest.raises(CheckpointError, match="train_seconds is inf, expected a number of seconds >= 0"):
+        load_latest_good(_write(tmp_path, training, train_seconds=float("inf")))
 
 
 def test_a_parent_without_its_tokenizer_config_is_one_line(tmp_path: Path, state: dict[str, Any]) -> None:

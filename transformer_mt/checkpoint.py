@@ -130,6 +130,8 @@ def checked_for_resume(path: Path, mmap: bool = False) -> dict[str, Any]:
     check.check_model(path, state, WEIGHTS)
     if "optimizer" in state:
         check.check_position(path, state)
+    if UPDATES in state:
+        check.counter(path, state, UPDATES)
     return state
 
 

@@ -120,12 +120,14 @@ def check_header(path: Path, state: Any, format_version: int, required: tuple[st
     for field in ("step", "epoch"):
         if field in state and state[field] is not None:
             counter(path, state, field)
+    entry(path, state, "config", dict)  # the run's config: shown by translate and serve as it is
 
 
 def check_tensors(path: Path, field: str, weights: Any) -> None:
     """A mapping of names to dense floating-point tensors whose storage holds all their elements."""
     if not isinstance(weights, dict) or not weights:
-        raise wrong(path, field, type(weights).__name__, "a mapping of parameter names to tensors")
+        raise wrong(path, field, weights if not weights else type(weights).__name__,
+                    "a mapping of parameter names to tensors")
     for name, tensor in weights.items():
         where = f"{field}[{name!r}]"
         if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
@@ -296,6 +298,9 @@ def check_position(path: Path, state: dict[str, Any]) -> None:
         counter(path, state, field)
     counter(path, state, "world_size", low=1)
     entry(path, state, "validated", bool)
+    entry(path, state, "rng", dict)
+    if not math.isfinite(entry(path, state, "train_seconds", float)) or state["train_seconds"] < 0:
+        raise wrong(path, "train_seconds", state["train_seconds"], "a number of seconds >= 0")
     best = entry(path, state, "best", dict)
     value = best.get("value")  # (also its epoch, which only result.json reports)
     if not isinstance(best.get("metric"), str) or not (value is None or _fits(value, float)):
