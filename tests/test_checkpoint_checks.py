@@ -5,6 +5,7 @@ is built. Checkpoints here are written in this process from a model of a few hun
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from transformer_mt.checkpoint import (
 )
 from transformer_mt.config import ModelConfig, TokenizerConfig
 from transformer_mt.errors import CheckpointError
-from transformer_mt.tokenizer import train_tokenizers
+from transformer_mt.tokenizer import Vocabulary, train_tokenizers
 
 SOURCES = ["the cat sat", "a dog ran", "the dog sat down", "a cat ran away"]
 TARGETS = ["le chat", "un chien", "le chien", "un chat"]
@@ -154,21 +155,13 @@ def test_a_tensor_claiming_more_than_its_storage_is_refused(tmp_path: Path, stat
     with torch.device("meta"):
         shapes = {name: t.shape for name, t in build_model(
             ModelConfig(**{**dataclasses.asdict(TINY), "d_model": 256, "d_ff": 1024, "n_heads": 4}),
-            _vocab(state)).state_dict().items()}
+            Vocabulary.from_json(state["tokenizer"])).state_dict().items()}
     weights = {name: torch.zeros(1).expand(shape) for name, shape in shapes.items()}
     with pytest.raises(CheckpointError, match="claims shape .* over 4 bytes; the file is damaged"):
         model_from_checkpoint(_write(tmp_path, claim, model=weights))
 
 
-def _vocab(state: dict[str, Any]) -> Any:
-    from transformer_mt.tokenizer import Vocabulary
-
-    return Vocabulary.from_json(state["tokenizer"])
-
-
 def _tokenizer_json(state: dict[str, Any], **changes: Any) -> dict[str, str]:
-    import json
-
     spec = json.loads(state["tokenizer"]["src"])
     spec.update(changes)
     return {**state["tokenizer"], "src": json.dumps(spec)}
