@@ -11,14 +11,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import pickle
 import re
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from transformer_mt import checkpoint_check as check
 from transformer_mt.config import ModelConfig
 from transformer_mt.errors import CheckpointError
 from transformer_mt.model import Transformer
@@ -33,6 +32,7 @@ _NUMBERED_FILE = re.compile(r"^(epoch|step)_(\d+)\.pt$")
 TRAINED = "trained_model"  # with EMA on, `model` is the average and this the trained weights (ema.py)
 UPDATES = "ema_updates"
 _REQUIRED = ("format_version", "model_config", "model", "tokenizer", "config")
+WEIGHTS = ("model", TRAINED)  # the entries that hold a model's weights
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:
@@ -68,30 +68,15 @@ def keep_checkpoint(state: dict[str, Any], run_dir: Path, name: str | None, keep
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
                     mmap: bool = False) -> dict[str, Any]:
-    """Load safely (`weights_only=True`: no code runs) and check it is one of ours. With mmap, tensors
-    are mapped from the file and read only when used."""
+    """Load safely (`weights_only=True`: no code runs) and check it is one of ours: its entries' types,
+    its format, weights that are dense tensors (checkpoint_check). With mmap, tensors are mapped from
+    the file and read only when used."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-    except pickle.UnpicklingError as ex:
-        raise CheckpointError(f"checkpoint {path} was refused: it holds objects other than tensors "
-                              f"and plain data, which could run code when loaded ({_first_line(ex)})") from ex
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as ex:
-        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({_first_line(ex)}); "
-                              "use an earlier checkpoint of the run") from ex
-    if not isinstance(state, dict) or any(key not in state for key in _REQUIRED):
-        raise CheckpointError(f"{path} is not a transformer-mt checkpoint "
-                              "(missing model, config or tokenizer)")
-    if state["format_version"] > FORMAT_VERSION:
-        raise CheckpointError(f"{path} was written by a newer transformer-mt; upgrade to load it")
+    state = check.read_file(path, map_location, mmap)
+    check.check_header(path, state, FORMAT_VERSION, _REQUIRED, WEIGHTS)
     return state
-
-
-def _first_line(ex: BaseException) -> str:
-    text = str(ex).strip().splitlines()
-    return text[0][:200] if text else type(ex).__name__
 
 
 def numbered_checkpoints(run_dir: Path) -> list[Path]:
@@ -117,30 +102,51 @@ def resolve_checkpoint(path: str | Path, prefer: str = BEST) -> Path:
 
 
 def load_latest_good(path: str | Path, mmap: bool = False) -> tuple[Path, dict[str, Any]]:
-    """The newest loadable checkpoint of a run: latest.pt, else epoch files newest first.
+    """The newest loadable checkpoint of a run (checked as `checked_for_resume`): latest.pt, else epoch
+    files newest first.
 
     A crash can only truncate a file being written under a temporary name, but a disk can still
     corrupt one; then the previous good checkpoint is used, with a warning.
     """
     path = Path(path).expanduser()
     if path.is_file():
-        return path, load_checkpoint(path, mmap=mmap)
+        return path, checked_for_resume(path, mmap)
     first = resolve_checkpoint(path, prefer=LATEST)
     candidates = [first] + [p for p in reversed(numbered_checkpoints(path)) if p != first]
     problems = []
     for candidate in candidates:
         try:
-            return candidate, load_checkpoint(candidate, mmap=mmap)
+            return candidate, checked_for_resume(candidate, mmap)
         except CheckpointError as ex:
             problems.append(str(ex))
             log.warning("%s; trying the previous checkpoint", ex)
     raise CheckpointError(f"no loadable checkpoint in {path}: {problems[0]}")
 
 
+def checked_for_resume(path: Path, mmap: bool = False) -> dict[str, Any]:
+    """A checkpoint whose model, tokenizer and weights fit each other and, if it is a training checkpoint
+    (with its optimizer), whose position in training has the types training reads back."""
+    state = load_checkpoint(path, mmap=mmap)
+    check.check_model(path, state, WEIGHTS)
+    if "optimizer" in state:
+        check.check_position(path, state)
+    if UPDATES in state:
+        check.counter(path, state, UPDATES)
+    return state
+
+
 def saved_overrides(path: str | Path) -> list[str]:
     """The overrides a run was started with, from the checkpoint `resume=path` continues from. Its
     tensors stay on disk (mmap), so that resuming reads them once: in the Trainer."""
-    return load_latest_good(path, mmap=True)[1]["overrides"]
+    file, state = load_latest_good(path, mmap=True)
+    if "overrides" not in state:
+        raise CheckpointError(f"checkpoint {file} does not record the overrides its run was started "
+                              f"with, so resume= cannot compose its config; fine-tune from it instead "
+                              f"(init={path})")
+    overrides = state["overrides"]
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise check.wrong(file, "overrides", overrides, "a list of strings")
+    return overrides
 
 
 def prune_checkpoints(run_dir: Path, keep_last: int) -> None:
@@ -160,8 +166,10 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
         raise CheckpointError("no checkpoints to average")
     states = [load_checkpoint(p) for p in paths]
     first = states[0]
+    shapes = {name: (t.shape, t.dtype) for name, t in first["model"].items()}
     for path, state in zip(paths[1:], states[1:]):
-        if state["model_config"] != first["model_config"] or state["model"].keys() != first["model"].keys():
+        if state["model_config"] != first["model_config"] or shapes != {
+                name: (t.shape, t.dtype) for name, t in state["model"].items()}:
             raise CheckpointError(f"cannot average {paths[0]} with {path}: different models")
     averaged = {}
     for name, tensor in first["model"].items():
@@ -229,19 +237,7 @@ def model_from_checkpoint(path: str | Path) -> tuple[Path, dict[str, Any], Trans
     """(file, state, model in eval mode, tokenizer) rebuilt from a checkpoint file or run directory."""
     file = resolve_checkpoint(path)
     state = load_checkpoint(file)
-    spec = dict(state["model_config"])
-    try:
-        vocab = Vocabulary.from_json(state["tokenizer"])
-        if (spec.pop("src_vocab_size"), spec.pop("tgt_vocab_size"), spec.pop("pad_id")) != (
-                vocab.src_vocab_size, vocab.tgt_vocab_size, PAD_ID):
-            raise CheckpointError(f"checkpoint {file}: the tokenizer's vocabulary does not fit the "
-                                  "model's embeddings; it was assembled from different runs")
-        model = build_model(ModelConfig(**spec), vocab)
-        model.load_state_dict(state["model"])
-    except (TypeError, RuntimeError, ValueError, KeyError) as ex:
-        if isinstance(ex, CheckpointError):
-            raise
-        first = str(ex).strip().splitlines()[0][:200]
-        raise CheckpointError(f"checkpoint {file} does not match this version's model or "
-                              f"tokenizer ({first})") from ex
+    config, vocab = check.check_model(file, state, WEIGHTS)  # the shapes fit: now it can be built
+    model = build_model(config, vocab)
+    model.load_state_dict(state["model"])
     return file, state, model.eval(), vocab

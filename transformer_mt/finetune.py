@@ -20,7 +20,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from transformer_mt.checkpoint import load_checkpoint, resolve_checkpoint, trained_weights
+from transformer_mt import checkpoint_check as check
+from transformer_mt.checkpoint import WEIGHTS, load_checkpoint, resolve_checkpoint, trained_weights
 from transformer_mt.config import CONFIG_DIR, ModelConfig, TokenizerConfig, TrainConfig
 from transformer_mt.ema import WeightAverage
 from transformer_mt.errors import CheckpointError, ConfigError
@@ -35,10 +36,20 @@ _PLAIN = re.compile(r"^[A-Za-z_][\w.-]*$")
 
 
 def load_parent(init: str, mmap: bool = False) -> tuple[Path, dict[str, Any]]:
-    """(checkpoint file, state) of the parent: a file as given, a run directory's best checkpoint."""
+    """(checkpoint file, state) of the parent: a file as given, a run directory's best checkpoint; its
+    model, tokenizer, weights and the config sections a fine-tuning run reads are checked first."""
     try:
         path = resolve_checkpoint(init)
-        return path, load_checkpoint(path, mmap=mmap)
+        state = load_checkpoint(path, mmap=mmap)
+        check.check_model(path, state, WEIGHTS)
+        check.counter(path, state, "step")
+        config = check.entry(path, state, "config", dict)
+        tokenizer = check.entry(path, config, "tokenizer", dict, "config.")
+        check.typed_section(path, "config.tokenizer", tokenizer, TokenizerConfig, known_only=False)
+        dataset = check.entry(path, config, "dataset", dict, "config.")
+        for key in ("src_lang", "tgt_lang"):
+            check.entry(path, dataset, key, str, "config.dataset.")
+        return path, state
     except CheckpointError as ex:
         raise CheckpointError(f"init={init}: {ex}") from ex
 

@@ -60,6 +60,21 @@ def at_least(low: float, or_null: bool = False) -> Rule:
             f">= {low}{' or null' if or_null else ''}")
 
 
+def between(low: int, high: int) -> Rule:
+    """low <= value <= high."""
+    return (lambda v: low <= v <= high, f"between {low} and {high}")
+
+
+# Upper bounds on what sizes a model: far above any model this toolkit trains (the paper's big model has
+# d_model 1024, FFN 4096, 6+6 layers), so that a checkpoint's config cannot claim more than a machine holds
+# before its weights are compared with it (checkpoint_check.py), nor a typo start a run that cannot fit.
+MAX_D_MODEL = 16384
+MAX_HEADS = 1024
+MAX_D_FF = 65536
+MAX_LAYERS = 256
+MAX_POSITIONS = 16384  # the sinusoid table (max_positions x d_model) is built, not loaded
+MAX_VOCAB_SIZE = 1_048_576
+
 PROBABILITY: Rule = (lambda v: 0.0 <= v < 1.0, "in [0, 1)")
 POSITIVE: Rule = (lambda v: v > 0, "> 0")
 # How many times an epoch holds a corpus's pairs (data/mixture.py): inf or nan would make no epoch.
@@ -76,10 +91,15 @@ RANGES: dict[str, Rule] = {
     "tokenizer.max_sentences": at_least(100),
     "tokenizer.dropout": PROBABILITY,
     "tokenizer.alpha": at_least(0),
-    **{f"model.{k}": at_least(1) for k in ("d_model", "n_heads", "d_ff", "encoder_layers",
-                                            "decoder_layers", "max_positions")},
+    "tokenizer.vocab_size": (lambda v: v <= MAX_VOCAB_SIZE, f"<= {MAX_VOCAB_SIZE}"),  # its low: relations
+    "model.d_model": between(1, MAX_D_MODEL),
+    "model.n_heads": between(1, MAX_HEADS),
+    "model.d_ff": between(1, MAX_D_FF),
+    "model.encoder_layers": between(1, MAX_LAYERS),
+    "model.decoder_layers": between(1, MAX_LAYERS),
+    "model.max_positions": between(1, MAX_POSITIONS),
     **{f"model.{k}": PROBABILITY for k in ("dropout", "attention_dropout", "activation_dropout")},
-    "model.layer_norm_eps": POSITIVE,
+    "model.layer_norm_eps": (lambda v: 0 < v < 1, "in (0, 1)"),
     "device.num_threads": at_least(1, or_null=True),
     "device.num_interop_threads": at_least(1, or_null=True),
     "training.epochs": at_least(1),
