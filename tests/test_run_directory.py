@@ -18,7 +18,7 @@ from filelock import FileLock
 import transformer_mt as tmt
 from tests.conftest import smoke_overrides
 from transformer_mt import checkpoint
-from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.checkpoint import load_checkpoint, save_checkpoint
 from transformer_mt.cli import main
 from transformer_mt.errors import ConfigError, TrainingError
 from transformer_mt.records import METRICS, RESULT, best_scores
@@ -201,14 +201,20 @@ def test_a_torn_record_is_skipped_with_a_warning(tiny_run_copy: Path,
     assert json.loads((tiny_run_copy / RESULT).read_text())["best_bleu"] == expected["bleu"]
 
 
-def test_a_resumed_run_records_each_validation_once(tiny_run_copy: Path) -> None:
-    """A kill between a validation's record and its checkpoint: the resumed run validates that step again,
-    and its record is kept once."""
+@pytest.mark.parametrize("killed", ["after_the_previous_checkpoint", "after_latest_of_the_same_step"])
+def test_a_resumed_run_records_each_validation_once(tiny_run_copy: Path, killed: str) -> None:
+    """Killed between the record of the last validation and its checkpoint, the run resumes from an
+    earlier checkpoint, or from a latest.pt of the same step written before the validation (with
+    training.save_every_steps): it validates again, and each step's record is kept once."""
     steps = _steps(tiny_run_copy)
-    (tiny_run_copy / "epoch_002.pt").unlink()  # as if killed while saving it, after its record
-    for alias in ("latest.pt", "best.pt"):
-        (tiny_run_copy / alias).unlink()
-        os.link(tiny_run_copy / "epoch_001.pt", tiny_run_copy / alias)
+    last = load_checkpoint(tiny_run_copy / "epoch_002.pt")
+    for name in ("epoch_002.pt", "latest.pt", "best.pt"):
+        (tiny_run_copy / name).unlink()
+    if killed == "after_the_previous_checkpoint":
+        for alias in ("latest.pt", "best.pt"):
+            os.link(tiny_run_copy / "epoch_001.pt", tiny_run_copy / alias)
+    else:
+        save_checkpoint({**last, "validated": False}, tiny_run_copy / "latest.pt")
     tmt.train([f"resume={tiny_run_copy}"])
     assert _steps(tiny_run_copy) == steps
     assert load_checkpoint(tiny_run_copy / "latest.pt")["step"] == steps[-1]

@@ -54,8 +54,12 @@ class RunRecords:
             # purge_step: a resumed run redoes the steps after its checkpoint; drop their old events
             # and validation records (a kill between a record and its checkpoint would leave one twice).
             self.writer = SummaryWriter(str(run_dir / TENSORBOARD), purge_step=purge_step)
-            if purge_step is not None:
-                purge_records(run_dir, purge_step)
+        # The records of the checkpoint's own step: a checkpoint written before its step's validation
+        # (validated: false) is validated again when resumed, and that record replaces the old one.
+        self.again: set[tuple[int, str | None]] = set()
+        if enabled and purge_step is not None:
+            kept = purge_records(run_dir, purge_step)
+            self.again = {_key(r) for r in kept if r["step"] == purge_step - 1}
 
     def scalars(self, tag: str, values: dict[str, float], step: int) -> None:
         """Add `tag/name` scalars at step."""
@@ -72,9 +76,14 @@ class RunRecords:
                            "chrf": scores.chrf, "cer": scores.cer, "wer": scores.wer}, step)
         self.writer.add_text(f"{tag}/samples", samples, step)
         self.writer.flush()
+        path = self.run_dir / METRICS
         try:
-            with (self.run_dir / METRICS).open("a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
+            if _key(record) in self.again:
+                self.again.discard(_key(record))
+                _write_records(path, [r for r in read_records(path) if _key(r) != _key(record)] + [record])
+            else:
+                with path.open("a", encoding="utf-8") as f:
+                    f.write(json.dumps(record) + "\n")
         except OSError as ex:
             raise TrainingError(f"could not record the validation of step {step} in {METRICS} "
                                 f"({ex.strerror}); {intact(self.run_dir)}") from ex
@@ -135,15 +144,25 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def purge_records(run_dir: Path, purge_step: int) -> None:
-    """Keep the validation records of the steps before `purge_step` (and only whole ones)."""
+def _key(record: dict[str, Any]) -> tuple[int, str | None]:
+    """What a validation record is of: its step, and the model (None: the trained one, or "averaged")."""
+    return record["step"], record.get("model")
+
+
+def _write_records(path: Path, records: list[dict[str, Any]]) -> None:
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def purge_records(run_dir: Path, purge_step: int) -> list[dict[str, Any]]:
+    """Keep the whole validation records of the steps before `purge_step` (the file rewritten, so that it
+    ends with a whole line again); return them."""
     path = run_dir / METRICS
     if not path.is_file():
-        return
+        return []
     kept = [r for r in read_records(path) if isinstance(r.get("step"), int) and r["step"] < purge_step]
-    text = "".join(json.dumps(r) + "\n" for r in kept)
-    if text != path.read_text(encoding="utf-8", errors="replace"):
-        atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+    _write_records(path, kept)
+    return kept
 
 
 def best_scores(run_dir: Path) -> dict[str, float]:
