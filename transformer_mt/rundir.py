@@ -56,14 +56,14 @@ def continues(run_dir: Path, resume: str | None) -> bool:
     return (path.parent if path.suffix == ".pt" else path).resolve() == run_dir.resolve()
 
 
-def _refuse_taken(run_dir: Path) -> None:
-    raise ConfigError(f"another run holds {run_dir} (its lock, {run_dir / LOCK}, is taken): wait for it to "
+def _held(run_dir: Path) -> ConfigError:
+    return ConfigError(f"another run holds {run_dir} (its lock, {run_dir / LOCK}, is taken): wait for it to "
                       "end, or choose another checkpoint.dir")
 
 
-def _refuse_occupied(run_dir: Path, found: list[str]) -> None:
+def _occupied(run_dir: Path, found: list[str]) -> ConfigError:
     shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
-    raise ConfigError(f"{run_dir} already holds a run ({shown}): continue it with resume={run_dir}, choose "
+    return ConfigError(f"{run_dir} already holds a run ({shown}): continue it with resume={run_dir}, choose "
                       "another checkpoint.dir, or set checkpoint.overwrite=true to replace it")
 
 
@@ -86,10 +86,10 @@ def check_available(run_dir: Path, resume: str | None, overwrite: bool) -> None:
     finds it free of another run's files (or may overwrite them)."""
     under_a_file(run_dir)
     if _taken(run_dir):
-        _refuse_taken(run_dir)
+        raise _held(run_dir)
     found = run_files(run_dir)
     if found and not overwrite and not continues(run_dir, resume):
-        _refuse_occupied(run_dir, found)
+        raise _occupied(run_dir, found)
 
 
 @contextlib.contextmanager
@@ -110,16 +110,16 @@ def claim(run_dir: Path, resume: str | None, overwrite: bool, main: bool = True)
     try:
         lock.acquire()
     except Timeout:
-        _refuse_taken(run_dir)
+        raise _held(run_dir) from None
     try:
         if continues(run_dir, resume):
             remove_temporaries(run_dir)
         else:
             found = run_files(run_dir)
             if found and not overwrite:
-                _refuse_occupied(run_dir, found)
+                raise _occupied(run_dir, found)
             if found:
-                replace(run_dir)
+                clear_previous_run(run_dir)
         yield
     finally:
         lock.release()
@@ -133,7 +133,7 @@ def remove_temporaries(run_dir: Path) -> None:
             path.unlink(missing_ok=True)
 
 
-def replace(run_dir: Path) -> None:
+def clear_previous_run(run_dir: Path) -> None:
     """checkpoint.overwrite: remove the previous run's checkpoints, records and TensorBoard events."""
     log.warning("checkpoint.overwrite=true: removing the checkpoints and records of the run in %s", run_dir)
     for path in run_dir.glob("*.pt"):
