@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -72,6 +73,14 @@ def planned_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
     return run_dir
 
 
+@pytest.fixture(scope="module")
+def finetuned_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path, reference_run: Path) -> Path:
+    """The same run fine-tuned (init=) from the reference run: the parent's weights and tokenizer."""
+    run_dir = tmp_path_factory.mktemp("faults") / "finetuned"
+    tmt.train(tiny_overrides(corpus, run_dir, **FAULT_RUN, init=reference_run))
+    return run_dir
+
+
 @pytest.mark.parametrize(("kill_after_step", "variant"),
                          [(3, "plain"), (14, "plain"), (14, "regularised"), (14, "planned")])
 def test_kill_9_then_resume_is_bit_exact(request: pytest.FixtureRequest, corpus: Path, tmp_path: Path,
@@ -105,6 +114,36 @@ def test_kill_9_then_resume_is_bit_exact(request: pytest.FixtureRequest, corpus:
         assert expected[key].keys() == got[key].keys()
         for name in expected[key]:
             assert torch.equal(expected[key][name], got[key][name]), f"{key}.{name} differs after resume"
+
+
+@pytest.mark.parametrize("variant", ["plain", "planned", "finetuned"])
+def test_kill_9_then_resume_on_the_command_line_is_bit_exact(request: pytest.FixtureRequest, corpus: Path,
+                                                             tmp_path: Path, variant: str) -> None:
+    """As a user would: the killed run is resumed by `transformer-mt train resume=<dir>` in a new process
+    (the lock the killed one held is free again), and ends with the uninterrupted run's weights and
+    validation records."""
+    reference_run = request.getfixturevalue("reference_run" if variant == "plain" else f"{variant}_run")
+    extra = {**FAULT_RUN, **PLANNED} if variant == "planned" else dict(FAULT_RUN)
+    if variant == "finetuned":
+        extra["init"] = request.getfixturevalue("reference_run")
+    run_dir = tmp_path / "killed"
+    proc = _start(["train", *tiny_overrides(corpus, run_dir, **extra)], tmp_path / "first.log")
+    _wait_for(tmp_path / "first.log", "step 14)", proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = load_checkpoint(run_dir / "latest.pt")["step"]
+    assert killed_at < load_checkpoint(reference_run / "epoch_002.pt")["step"], "it finished before the kill"
+
+    resumed = run_cli("train", f"resume={run_dir}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"step {killed_at}, lr" in (run_dir / "train.log").read_text()  # continued where it was
+    expected, got = load_checkpoint(reference_run / "epoch_002.pt"), load_checkpoint(run_dir / "epoch_002.pt")
+    assert got["step"] == expected["step"] and got["parent"] == expected["parent"]
+    for name in expected["model"]:
+        assert torch.equal(expected["model"][name], got["model"][name]), f"{name} differs after resume"
+    steps = [[json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+             for run in (reference_run, run_dir)]
+    assert steps[0] == steps[1]
 
 
 def test_a_resumed_run_reads_its_checkpoint_once(reference_run: Path, tmp_path: Path,

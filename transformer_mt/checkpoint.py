@@ -19,9 +19,9 @@ import torch
 
 from transformer_mt import checkpoint_check as check
 from transformer_mt.config import ModelConfig
-from transformer_mt.errors import CheckpointError
+from transformer_mt.errors import CheckpointError, TrainingError
 from transformer_mt.model import Transformer
-from transformer_mt.runtime import atomic_write
+from transformer_mt.runtime import TEMPORARY, atomic_write, free_mib
 from transformer_mt.tokenizer import PAD_ID, Vocabulary
 
 log = logging.getLogger(__name__)
@@ -36,13 +36,18 @@ WEIGHTS = ("model", TRAINED)  # the entries that hold a model's weights
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:
-    """Write a checkpoint atomically."""
-    atomic_write(path, lambda f: torch.save({"format_version": FORMAT_VERSION, **state}, f))
+    """Write a checkpoint atomically; a write that fails (a full disk) raises its OSError."""
+    try:
+        atomic_write(path, lambda f: torch.save({"format_version": FORMAT_VERSION, **state}, f))
+    except RuntimeError as ex:  # torch.save reports its file's failed write so; the OSError is the context
+        if isinstance(ex.__context__, OSError):
+            raise OSError(ex.__context__.errno, ex.__context__.strerror, str(path)) from ex
+        raise
 
 
 def link_checkpoint(source: Path, alias: Path) -> None:
     """Point `alias` (best.pt, latest.pt) at `source` atomically: a hard link, or a copy if not possible."""
-    tmp = alias.with_name(f".{alias.name}.link")
+    tmp = alias.with_name(f".{alias.name}.link{TEMPORARY}")
     tmp.unlink(missing_ok=True)
     try:
         os.link(source, tmp)
@@ -55,15 +60,40 @@ def keep_checkpoint(state: dict[str, Any], run_dir: Path, name: str | None, keep
                     best: bool) -> Path:
     """Write a training checkpoint: a numbered one (`name`, e.g. epoch_003.pt: linked as latest.pt, and
     only the newest keep_last numbered ones are kept) or, without a name, latest.pt itself; linked as
-    best.pt when best. Returns the file written."""
+    best.pt when best. Returns the file written.
+
+    A save that cannot succeed (less space free than the last checkpoint took, or any error writing)
+    stops training with one line naming the step and how to resume; the previous checkpoint is intact,
+    since nothing replaces it before the new file is complete."""
     path = run_dir / (name or LATEST)
-    save_checkpoint(state, path)
-    if name:
-        link_checkpoint(path, run_dir / LATEST)
-        prune_checkpoints(run_dir, keep_last)
-    if best:
-        link_checkpoint(path, run_dir / BEST)
+    stop = f"step {state['step']} was not saved to {path}; {intact(run_dir)}"
+    needed, free = _last_checkpoint_mib(run_dir), free_mib(run_dir)
+    if free < needed:
+        raise TrainingError(f"only {free:.1f} MiB free at {run_dir}, less than the last checkpoint's "
+                            f"{needed:.1f} MiB: {stop}")
+    try:
+        save_checkpoint(state, path)
+        if name:
+            link_checkpoint(path, run_dir / LATEST)
+            prune_checkpoints(run_dir, keep_last)
+        if best:
+            link_checkpoint(path, run_dir / BEST)
+    except OSError as ex:
+        why = ex.strerror or _first_line(ex)
+        raise TrainingError(f"could not write the checkpoint ({why}): {stop}") from ex
     return path
+
+
+def intact(run_dir: Path) -> str:
+    """What a run stopped by a failed write says: its last checkpoint is good, and how to go on from it."""
+    return ("the previous checkpoint is intact: free space, then continue with: "
+            f"transformer-mt train resume={run_dir}")
+
+
+def _last_checkpoint_mib(run_dir: Path) -> float:
+    """The size of the checkpoint written last (latest.pt is it, or a link to it), in MiB; 0 before any."""
+    latest = run_dir / LATEST
+    return latest.stat().st_size / 2**20 if latest.is_file() else 0.0
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",

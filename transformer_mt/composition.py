@@ -91,6 +91,17 @@ def _run_files_together(typed: Any, cfg: DictConfig) -> None:
                           "override")
 
 
+def _run_directory_free(typed: Any) -> None:
+    """Before Hydra writes its files into the run directory: no other run holds it, and a fresh run
+    would not mix its files with another's (rundir.py). Under torchrun rank 0 checks for all ranks."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    from transformer_mt import rundir  # (imports torch: not for --help)
+
+    rundir.check_available(Path(typed.checkpoint.dir).expanduser().resolve(), typed.resume,
+                           typed.checkpoint.overwrite)
+
+
 def _shared_run_dirs(dirs: list[tuple[int, str | None]]) -> None:
     """Jobs of one sweep must not write into the same checkpoint directory."""
     seen: dict[str, int] = {}
@@ -121,6 +132,8 @@ def precheck(command: str, args: Sequence[str]) -> None:
     for job, variant in enumerate(variants):
         cfg, typed = _checked(command, variant, job if multirun else None, complete=not printing)
         _run_files_together(typed, cfg)
+        if command == "train" and not printing:
+            _run_directory_free(typed)
         dirs.append((job, getattr(getattr(typed, "checkpoint", None), "dir", None)))
     if multirun and len(variants) == 1 and not cfg.hydra.sweeper._target_.endswith("BasicSweeper"):
         _, typed = _checked(command, variants[0], 1)  # a search sweeper numbers its trials: 0, 1, ...

@@ -218,6 +218,7 @@ class CheckpointConfig(Section):
     # <root>/<run_name>, or <sweep dir>/<job number> in a multirun (resolvers.run_directory).
     dir: str | None = None
     run_name: str | None = None  # null: <dataset>-<src>-<tgt>-<timestamp>
+    overwrite: bool = False  # a fresh run may replace the run in `dir` (its checkpoints and records)
 
 
 @dataclass

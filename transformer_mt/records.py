@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import time
 from pathlib import Path
@@ -15,11 +16,15 @@ from typing import Any
 
 import torch
 
-from transformer_mt.checkpoint import BEST, LATEST
+from transformer_mt.checkpoint import BEST, LATEST, intact
+from transformer_mt.errors import TrainingError
 from transformer_mt.metrics import HIGHER_IS_BETTER, Scores
+from transformer_mt.runtime import atomic_write
 
+log = logging.getLogger(__name__)
 RESULT = "result.json"
 METRICS = "metrics.jsonl"
+TENSORBOARD = "tensorboard"
 # The settings that usually explain a difference between runs; overridden keys are added to them.
 HPARAMS = ("model.d_model", "model.n_heads", "model.d_ff", "model.encoder_layers", "model.decoder_layers",
            "model.dropout", "tokenizer.kind", "tokenizer.vocab_size", "training.lr", "training.scheduler",
@@ -46,8 +51,15 @@ class RunRecords:
         if enabled:
             from torch.utils.tensorboard import SummaryWriter  # slow import, only for training
 
-            # purge_step: a resumed run redoes the steps after its checkpoint; drop their old events.
-            self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=purge_step)
+            # purge_step: a resumed run redoes the steps after its checkpoint; drop their old events
+            # and validation records (a kill between a record and its checkpoint would leave one twice).
+            self.writer = SummaryWriter(str(run_dir / TENSORBOARD), purge_step=purge_step)
+        # The records of the checkpoint's own step: a checkpoint written before its step's validation
+        # (validated: false) is validated again when resumed, and that record replaces the old one.
+        self.again: set[tuple[int, str | None]] = set()
+        if enabled and purge_step is not None:
+            kept = purge_records(run_dir, purge_step)
+            self.again = {_key(r) for r in kept if r["step"] == purge_step - 1}
 
     def scalars(self, tag: str, values: dict[str, float], step: int) -> None:
         """Add `tag/name` scalars at step."""
@@ -64,8 +76,17 @@ class RunRecords:
                            "chrf": scores.chrf, "cer": scores.cer, "wer": scores.wer}, step)
         self.writer.add_text(f"{tag}/samples", samples, step)
         self.writer.flush()
-        with (self.run_dir / METRICS).open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        path = self.run_dir / METRICS
+        try:
+            if _key(record) in self.again:
+                self.again.discard(_key(record))
+                _write_records(path, [r for r in read_records(path) if _key(r) != _key(record)] + [record])
+            else:
+                with path.open("a", encoding="utf-8") as f:
+                    f.write(json.dumps(record) + "\n")
+        except OSError as ex:
+            raise TrainingError(f"could not record the validation of step {step} in {METRICS} "
+                                f"({ex.strerror}); {intact(self.run_dir)}") from ex
 
     def attention(self, image: torch.Tensor, step: int) -> None:
         """A cross-attention matrix (output rows × source columns) as an image, each row scaled to [0, 1]."""
@@ -96,17 +117,57 @@ class RunRecords:
         result = {**result, "higher_is_better": HIGHER_IS_BETTER[result["best_metric"]],
                   "best_bleu": scores["bleu"], "best_chrf": scores["chrf"],
                   "best_valid_loss": scores["valid_loss"], "checkpoint": str(checkpoint.resolve())}
-        (self.run_dir / RESULT).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        text = json.dumps(result, indent=2) + "\n"
+        atomic_write(self.run_dir / RESULT, lambda f: f.write(text.encode("utf-8")))
         metrics = {f"best/{name}": value for name, value in scores.items() if math.isfinite(value)}
         self.writer.add_hparams(params, metrics, run_name=".", global_step=step)
         self.writer.close()
 
 
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file; a line that is not a whole record (a write cut short by a kill
+    or a full disk) is skipped with a warning."""
+    if not path.is_file():
+        return []
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            log.warning("%s: line %d is not a whole record (a write cut short?); skipped", path, number)
+    return records
+
+
+def _key(record: dict[str, Any]) -> tuple[int, str | None]:
+    """What a validation record is of: its step, and the model (None: the trained one, or "averaged")."""
+    return record["step"], record.get("model")
+
+
+def _write_records(path: Path, records: list[dict[str, Any]]) -> None:
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def purge_records(run_dir: Path, purge_step: int) -> list[dict[str, Any]]:
+    """Keep the whole validation records of the steps before `purge_step` (the file rewritten, so that it
+    ends with a whole line again); return them."""
+    path = run_dir / METRICS
+    if not path.is_file():
+        return []
+    kept = [r for r in read_records(path) if isinstance(r.get("step"), int) and r["step"] < purge_step]
+    _write_records(path, kept)
+    return kept
+
+
 def best_scores(run_dir: Path) -> dict[str, float]:
     """The best BLEU and chrF, and the lowest validation loss, over the run's validations so far."""
-    path = run_dir / METRICS
-    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
-               if line.strip()] if path.is_file() else []
+    records = read_records(run_dir / METRICS)
     if not records:
         return {"bleu": math.nan, "chrf": math.nan, "valid_loss": math.nan}
     return {"bleu": max(r["bleu"] for r in records), "chrf": max(r["chrf"] for r in records),

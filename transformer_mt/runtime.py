@@ -229,10 +229,13 @@ class TrainingClock:
         return 0.0 if self.max_minutes is None else self.seconds / (self.max_minutes * 60)
 
 
+TEMPORARY = ".tmp"  # the suffix of a file being written (.<name>.<random>.tmp): a kill leaves it behind
+
+
 def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
     """Call `write(file)` on a temporary file beside `path`, fsync it, then rename it into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMPORARY, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -259,10 +262,15 @@ def check_writable(run_dir: Path, min_free_mib: int) -> None:
     except OSError as ex:
         raise ConfigError(f"cannot write to {run_dir} ({ex.strerror}); set checkpoint.dir= or "
                           "checkpoint.root= to a writable place") from ex
-    free_mib = shutil.disk_usage(run_dir).free / 2**20
-    if free_mib < min_free_mib:
-        raise ConfigError(f"only {free_mib:.0f} MiB free at {run_dir}; free space or lower "
+    free = free_mib(run_dir)
+    if free < min_free_mib:
+        raise ConfigError(f"only {free:.0f} MiB free at {run_dir}; free space or lower "
                           f"training.min_free_mib={min_free_mib}")
+
+
+def free_mib(directory: Path) -> float:
+    """The space free for files in `directory`, in MiB."""
+    return shutil.disk_usage(directory).free / 2**20
 
 
 class HostReads(TorchDispatchMode):

@@ -11,6 +11,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
+from transformer_mt import distributed, rundir
 from transformer_mt.config import TrainConfig
 from transformer_mt.trainer import Trainer
 
@@ -26,7 +27,8 @@ def train(cfg: TrainConfig) -> float:
     multirun = hydra_cfg is not None and hydra_cfg.mode == RunMode.MULTIRUN
     job = hydra_cfg.job.num if multirun else None
     run_dir = Path(cfg.checkpoint.dir).expanduser().resolve()  # Hydra's, unless given (resolvers.py)
-    with _log_file(run_dir):
+    claim = rundir.claim(run_dir, cfg.resume, cfg.checkpoint.overwrite, distributed.current().is_main)
+    with claim, _log_file(run_dir):  # one run at a time in the directory, for the run's life
         trainer = Trainer(cfg, run_dir, overrides, job)
         best = trainer.fit()
     if trainer.interrupt.requested and multirun:
