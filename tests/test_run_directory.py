@@ -227,3 +227,12 @@ def test_resume_removes_the_files_of_a_save_killed_half_way(tiny_run_copy: Path)
         path.write_bytes(b"half a file")
     tmt.train([f"resume={tiny_run_copy}"])
     assert not [p for p in left if p.exists()]
+
+
+def test_files_written_atomically_get_the_permissions_open_gives(tmp_path: Path) -> None:
+    """mkstemp makes the temporary file the owner's alone; the file renamed into place must not stay so."""
+    from transformer_mt.runtime import atomic_write
+
+    atomic_write(tmp_path / "atomic.txt", lambda f: f.write(b"x"))
+    (tmp_path / "plain.txt").write_bytes(b"x")
+    assert (tmp_path / "atomic.txt").stat().st_mode == (tmp_path / "plain.txt").stat().st_mode

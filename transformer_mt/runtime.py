@@ -232,11 +232,23 @@ class TrainingClock:
 TEMPORARY = ".tmp"  # the suffix of a file being written (.<name>.<random>.tmp): a kill leaves it behind
 
 
+def _new_file_mode() -> int:
+    """The mode `open()` gives a new file: 0o666 less the umask (read at import, before any thread)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+NEW_FILE_MODE = _new_file_mode()
+
+
 def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
-    """Call `write(file)` on a temporary file beside `path`, fsync it, then rename it into place."""
+    """Call `write(file)` on a temporary file beside `path`, fsync it, then rename it into place. The
+    file gets the permissions `open()` would give it (mkstemp's are the owner's alone)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMPORARY, dir=path.parent)
     try:
+        os.fchmod(fd, NEW_FILE_MODE)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
