@@ -281,3 +281,23 @@ def test_a_crafted_checkpoint_claiming_a_huge_model_is_refused_in_little_memory(
     print(f"{command} with {claim}: peak {peak / 1024:.0f} MiB, baseline {baseline_kib / 1024:.0f} MiB")
     assert len(stderr.splitlines()) == 1 and stderr.startswith("error: ") and str(crafted) in stderr
     assert peak - baseline_kib < 32 * 1024, (peak, baseline_kib)
+
+
+def test_a_resume_into_another_model_is_refused_before_that_model_is_built(
+        tiny_run_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resume whose composed config asks for another model (a user's override, or overrides saved in a
+    crafted checkpoint) is refused before the model is allocated, not after."""
+    import transformer_mt as tmt
+    from transformer_mt.model import transformer
+
+    built: list[int] = []
+    real_init = transformer.Transformer.__init__
+
+    def spy(self: Any, config: Any, *args: Any, **kwargs: Any) -> None:
+        built.append(config.d_model)
+        real_init(self, config, *args, **kwargs)
+
+    monkeypatch.setattr(transformer.Transformer, "__init__", spy)
+    with pytest.raises(CheckpointError, match=r"cannot resume.*model\.d_model"):
+        tmt.train([f"resume={tiny_run_copy}", "model.d_model=1024", "model.d_ff=4096"])
+    assert 1024 not in built

@@ -220,26 +220,37 @@ def trained_weights(state: dict[str, Any]) -> dict[str, torch.Tensor]:
     return state.get(TRAINED, state["model"])
 
 
-def build_model(cfg: ModelConfig, vocab: Vocabulary) -> Transformer:
-    """A new model for a tokenizer: the one place its vocabulary sizes and pad id are filled in."""
+def build_model(cfg: ModelConfig, vocab: Vocabulary, resumed: dict[str, Any] | None = None) -> Transformer:
+    """A new model for a tokenizer: the one place its vocabulary sizes and pad id are filled in. Given
+    the state a run resumes from, its model must be this one, checked before anything is allocated."""
+    if resumed is not None:
+        _check_same_model(resumed, _spec(cfg, vocab.src_vocab_size, vocab.tgt_vocab_size, PAD_ID))
     return Transformer(cfg, vocab.src_vocab_size, vocab.tgt_vocab_size, PAD_ID)
+
+
+def _spec(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int) -> dict[str, Any]:
+    return {"src_vocab_size": src_vocab_size, "tgt_vocab_size": tgt_vocab_size, "pad_id": pad_id,
+            **dataclasses.asdict(cfg)}
 
 
 def model_spec(model: Transformer) -> dict[str, Any]:
     """What a checkpoint records as `model_config`: the hyper-parameters, vocabulary sizes and pad id."""
-    return {"src_vocab_size": model.src_vocab_size, "tgt_vocab_size": model.tgt_vocab_size,
-            "pad_id": model.pad_id, **dataclasses.asdict(model.config)}
+    return _spec(model.config, model.src_vocab_size, model.tgt_vocab_size, model.pad_id)
 
 
-def check_resumable(state: dict[str, Any], model: Transformer, world_size: int) -> None:
-    """Training can continue from a checkpoint of the same model (every setting that differs is named),
-    with its optimizer state, and mid-epoch only with as many processes as dealt that epoch's batches."""
-    expected = model_spec(model)
+def _check_same_model(state: dict[str, Any], expected: dict[str, Any]) -> None:
+    """The checkpoint's model is the config's (every setting that differs is named)."""
     diff = [f"model.{k}: checkpoint {state['model_config'].get(k)!r} vs config {v!r}"
             for k, v in expected.items() if state["model_config"].get(k) != v]
     if diff:
         raise CheckpointError(f"cannot resume: the checkpoint's model differs from the config "
                               f"({'; '.join(diff)}); drop those overrides")
+
+
+def check_resumable(state: dict[str, Any], model: Transformer, world_size: int) -> None:
+    """Training can continue from a checkpoint of the same model, with its optimizer state, and
+    mid-epoch only with as many processes as dealt that epoch's batches."""
+    _check_same_model(state, model_spec(model))
     if "optimizer" not in state:
         raise CheckpointError("cannot resume from an averaged (inference-only) checkpoint; "
                               "resume from the run directory or its latest.pt")

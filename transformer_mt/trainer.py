@@ -85,7 +85,7 @@ class Trainer:
         self.vocab = self.data.vocab
         cfg, self.plan = plan.settle(cfg, state, self.data, self.device, overrides, self.world)  # plan=auto
         self.cfg, t = cfg, cfg.training
-        self.model = ckpt.build_model(cfg.model, self.vocab).to(self.device)
+        self.model = ckpt.build_model(cfg.model, self.vocab, resumed=state).to(self.device)
         self.optimizer = build_optimizer(self.model, t, self.device)
         self.ema = ema.build(self.model, t.ema_decay)  # then validated, saved and translated with
         subwords = subword_sampler(self.vocab, cfg.tokenizer, cfg.seed, cfg.dataset.max_len)
