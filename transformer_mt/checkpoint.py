@@ -79,7 +79,7 @@ def keep_checkpoint(state: dict[str, Any], run_dir: Path, name: str | None, keep
         if best:
             link_checkpoint(path, run_dir / BEST)
     except OSError as ex:
-        why = ex.strerror or _first_line(ex)
+        why = ex.strerror or (str(ex).strip().splitlines() or [type(ex).__name__])[0][:200]
         raise TrainingError(f"could not write the checkpoint ({why}): {stop}") from ex
     return path
 
