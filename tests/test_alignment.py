@@ -106,7 +106,7 @@ def test_serve_returns_alignments_when_asked(tiny_run: Path, tiny_engine: Transl
 
     from transformer_mt.serve.app import create_app
 
-    cfg = tmt.compose("serve", [f"checkpoint={tiny_run}", "device=cpu"])
+    cfg = tmt.compose("serve", [f"checkpoint={tiny_run}", "device=cpu", "allowed_hosts=[testserver]"])
     texts, prefix = ["He is sleeping.", "I am cold."], ["Il est", "Il est"]
     with TestClient(create_app(tiny_engine, cfg)) as client:
         plain = client.post("/translate", json={"text": texts, "prefix": prefix}).json()
