@@ -114,12 +114,18 @@ def test_benchmark_decoding(script, tiny_run: Path, tmp_path: Path) -> None:
 
 
 def test_benchmark_data(script, tmp_path: Path) -> None:
+    """Two sizes: one row each, and the memory ratios of the larger against the smaller."""
     out = tmp_path / "data.json"
-    assert script("benchmark_data").main(["--sizes", "300", "--out", str(out)]) == 0
+    assert script("benchmark_data").main(["--sizes", "300", "1200", "--out", str(out)]) == 0
     r = json.loads(out.read_text())
-    [row] = r["rows"]
-    assert row["pairs"] == 300 and row["pairs_per_s"] > 0 and row["start_peak_rss_mib"] > 0
-    assert r["rss_ratio_largest_vs_smallest"] == 1.0
+    small, large = r["rows"]
+    assert (small["pairs"], large["pairs"]) == (300, 1200) and large["corpus_mib"] > 3 * small["corpus_mib"]
+    for row in (small, large):
+        assert row["pairs_per_s"] == pytest.approx(row["pairs"] / row["prepare_seconds"])
+        assert row["start_peak_rss_mib"] > 0
+        assert 0 < row["prepare_peak_anon_mib"] <= row["prepare_peak_rss_mib"]  # RSS counts the anonymous
+    for ratio, key in (("rss", "prepare_peak_rss_mib"), ("anon", "prepare_peak_anon_mib")):
+        assert r[f"{ratio}_ratio_largest_vs_smallest"] == pytest.approx(large[key] / small[key])
 
 
 def test_benchmark_serve(script, tiny_run: Path, tmp_path: Path) -> None:
