@@ -659,6 +659,36 @@ def test_a_resumed_run_reuses_its_plan(planned_run: Path, tmp_path: Path, monkey
     assert load_checkpoint(run_dir / "latest.pt")["plan"] == saved
 
 
+def test_a_run_with_nothing_set_by_hand_is_planned_trained_and_recorded(corpus: Path, tmp_path: Path) -> None:
+    """The automatic path, unmocked: the real probe on 600 pairs picks the model, the batch and the rest
+    for a budget of 12 seconds; the run trains until the budget ends it and keeps the plan it trained
+    with, every planned key the plan's and within its rule."""
+    run_dir = tmp_path / "run"
+    tmt.train([f"dataset.path={corpus}", "dataset.url=null", f"dataset.cache_dir={tmp_path / 'cache'}",
+               "dataset.max_pairs=600", "dataset.valid_size=60", "dataset.test_size=60",
+               "tokenizer.vocab_size=400", "device=cpu", "device.num_threads=1", "training.progress=false",
+               "training.plan=auto", "training.max_minutes=0.2", f"checkpoint.dir={run_dir}"])
+    result = json.loads((run_dir / "result.json").read_text())
+    saved = load_checkpoint(run_dir / "latest.pt")
+    plan = planning.Plan.from_dict(result["plan"])
+    assert saved["plan"] == result["plan"] and result["steps"] == saved["step"] > 0
+    assert set(plan.values) == set(planning.PLANNED) and set(plan.sources.values()) == {"plan"}
+    assert plan.measured["probe_seconds"] > 0 and plan.measured["ends_by"] == "budget"
+    v = plan.values
+    sizes = {size: planning.shape(size, ModelConfig()) for size in rules.SIZES}
+    assert any(all(v[key] == getattr(m, key.split(".")[1]) for key in planning.SHAPE) for m in sizes.values())
+    assert v["training.batch_tokens"] in rules.BATCH_CANDIDATES
+    assert v["training.lr"] == rules.peak_lr(v["model.d_model"]) and v["training.scheduler"] == "linear"
+    assert v["training.warmup_steps"] == rules.warmup_steps(plan.measured["updates"])
+    assert v["training.epochs"] == planning.UNTIL_THE_BUDGET and v["model.norm_first"] is True
+    assert v["model.dropout"] in (0.0, 0.1, 0.2, 0.3) and v["training.ema_decay"] in (0.0, 0.999)
+    assert v["training.average_last"] == rules.average_last(v["training.ema_decay"], 3)
+    assert v["training.valid_max_sentences"] == 60  # the whole split: fewer than FEWEST_VALID_SENTENCES
+    assert v["training.valid_every_steps"] % 100 == 0
+    trained = {key: saved["config"][key.split(".")[0]][key.split(".")[1]] for key in planning.PLANNED}
+    assert trained == v and saved["model_config"]["d_model"] == v["model.d_model"]  # trained with them
+
+
 def test_a_plan_needs_a_budget(corpus: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="training.max_minutes=None .* with training.plan=auto"):
         compose("train", tiny_overrides(corpus, tmp_path / "run", **{"training.plan": "auto"}))
