@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
 import logging
 from pathlib import Path
@@ -575,16 +577,28 @@ def test_a_run_stopped_in_the_rest_of_a_resized_epoch_resumes_bit_exact(
 def test_a_kept_batch_validates_at_the_interval_planned_at_trainings_speed(
         corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
-    _check_at_once(monkeypatch, probed=1024, checked=1024)
-    monkeypatch.setattr(rules, "valid_every_steps", lambda *args: 4)
+    """The interval rule, unmocked, on what training measured: batches of 64 tokens make an epoch of about
+    200 steps (more than the rule's unit of 100), and a clock of one second a step sets the speed, so that
+    the rest of a 5-minute budget holds about 260 updates: of 5 validations (of 3 s in 5% of it), the
+    epoch's end and the run's leave 3, every 100 steps."""
+    _check_at_once(monkeypatch, probed=64, checked=64)
+    plan = _probed(64, **{"training.epochs": 1})
+    plan.measured["speeds"]["64"] = 1500.0
+    monkeypatch.setattr(planning, "make", lambda *a, **k: copy.deepcopy(plan))
+    observe, ticks = Calibration.observe, itertools.count()
+    monkeypatch.setattr(Calibration, "observe", lambda self, _, tokens: observe(self, next(ticks), tokens))
     run_dir = tmp_path / "run"
     with caplog.at_level(logging.INFO):
-        tmt.train(tiny_overrides(corpus, run_dir, **PLANNED))
-    assert "the plan's batch, checked at step 6 " in caplog.text
-    # epochs of 12 steps: from the check on, steps 8, 16 and 20 validate besides the epochs' ends
+        tmt.train(tiny_overrides(corpus, run_dir, **{**PLANNED, "training.epochs": 1}))
+    assert "batch kept 64" in caplog.text
+    saved = load_checkpoint(run_dir / "latest.pt")
+    checked, steps_per_epoch = saved["plan"]["measured"]["calibrated"], saved["step"]
+    every = saved["config"]["training"]["valid_every_steps"]
+    assert every == rules.valid_every_steps(checked["updates"]["64"], rules.validations(300, 3.0),
+                                            steps_per_epoch) == 100 < steps_per_epoch
     validated = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in validated if "model" not in r] == [8, 12, 16, 20, 24]
-    assert load_checkpoint(run_dir / "latest.pt")["config"]["training"]["valid_every_steps"] == 4
+    assert [r["step"] for r in validated if "model" not in r] == [*range(every, steps_per_epoch, every),
+                                                                  steps_per_epoch]
 
 
 def test_the_check_turns_ema_on_and_changes_dropout_in_the_running_model(
