@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import torch
@@ -26,17 +26,41 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT.parent / "shared" / "data" / "fra-eng.zip"
+CORPORA = (ROOT.parent / "shared" / "data" / "fra-eng.zip", ROOT / "data" / "fra-eng.zip")
+MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 FIXTURES = ROOT / "tests" / "fixtures"
+
+
+def under_ci() -> bool:
+    """Whether the suite runs under CI: `CI` set to anything but empty, 0 or false (.ci/run sets it)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false")
+
+
+def missing(what: str) -> NoReturn:
+    """What a test needs (a corpus under ../shared, a browser) is not on this machine: the test is skipped
+    with `what`, except under CI, which must run the whole suite, so there the test fails."""
+    if under_ci():
+        pytest.fail(f"{what} (CI is set: the whole suite must run here)")
+    pytest.skip(what)
+
+
+def tatoeba_corpus() -> Path:
+    """The real Tatoeba zip from ../shared/data (or data/ in the checkout); `missing` without it."""
+    found = next((path for path in CORPORA if path.is_file()), None)
+    return found or missing("Tatoeba corpus not found at ../shared/data/fra-eng.zip or data/fra-eng.zip")
+
+
+def multi30k() -> Path:
+    """The Multi30k folder under ../shared/data (its English and French at least); `missing` without it."""
+    if not all((MULTI30K / f"train.{lang}.gz").is_file() for lang in ("en", "fr")):
+        missing("Multi30k not found at ../shared/data/multi30k")
+    return MULTI30K
 
 
 @pytest.fixture(scope="session")
 def corpus() -> Path:
-    """The real Tatoeba zip from ../shared/data (CI has it); tests needing it skip without it."""
-    for candidate in (CORPUS, ROOT / "data" / "fra-eng.zip"):
-        if candidate.is_file():
-            return candidate
-    pytest.skip("Tatoeba corpus not found at ../shared/data/fra-eng.zip or data/fra-eng.zip")
+    """The real Tatoeba zip (tatoeba_corpus): tests needing it skip without it, or fail under CI."""
+    return tatoeba_corpus()
 
 
 @pytest.fixture(autouse=True)

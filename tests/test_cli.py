@@ -63,11 +63,18 @@ def test_checkpoint_dir_and_another_hydra_run_dir_fail_at_start(
 
 
 def test_a_checkpoint_dir_through_a_link_is_fine(tmp_path: Path) -> None:
-    from transformer_mt.composition import precheck
+    """A directory reached through a link is the same directory: the run's files stay together, and the
+    check that keeps them together compares directories, not their spellings."""
+    from transformer_mt.composition import compose_hydra
 
     (tmp_path / "disk").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "disk")
-    precheck("train", [f"checkpoint.dir={tmp_path}/link/run"])
+    disk, link = tmp_path / "disk" / "run", tmp_path / "link" / "run"
+    cfg = compose_hydra("train", [f"checkpoint.dir={link}"])
+    assert Path(cfg.hydra.runtime.output_dir) == disk and Path(cfg.checkpoint.dir).resolve() == disk
+    for checkpoint_dir, run_dir in ((link, disk), (disk, link), (link, link)):  # each accepted
+        assert main(["train", f"checkpoint.dir={checkpoint_dir}", f"hydra.run.dir={run_dir}", "--cfg",
+                     "job"]) == 0
 
 
 def test_traceback_true_holds_before_hydra_starts_too() -> None:

@@ -38,7 +38,6 @@ from transformer_mt.data.corpora import Skipped, locate
 from transformer_mt.data.split import TEST, TRAIN, VALID, assign, sentence_key
 from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-REAL_CORPUS = Path(__file__).resolve().parents[2] / "shared/data/fra-eng.zip"
 OPUS_FIXTURE = Path(__file__).resolve().parent / "fixtures/opus_books_en_fr.jsonl"
 
 WORDS_EN = ["cat", "dog", "house", "tree", "red", "big", "small", "runs", "sleeps", "eats"]
@@ -195,9 +194,8 @@ def test_reading_a_large_file(tmp_path: Path) -> None:
     assert len(en) == len(fr) == 160_000 and skipped == 0
 
 
-@pytest.mark.skipif(not REAL_CORPUS.is_file(), reason=f"{REAL_CORPUS} not present")
-def test_real_corpus() -> None:
-    en, fr, skipped = read_tatoeba(REAL_CORPUS)
+def test_real_corpus(corpus: Path) -> None:
+    en, fr, skipped = read_tatoeba(corpus)
     assert (len(en), len(fr), skipped) == (164_211, 164_211, 0)
     assert (en[0], fr[0]) == ("Go.", "Va !")
 
@@ -366,9 +364,8 @@ def test_split_matches_the_plain_reference(seed: int) -> None:
         assert (part.src, part.tgt) == ([en[i] for i in idx], [fr[i] for i in idx])
 
 
-@pytest.mark.skipif(not REAL_CORPUS.is_file(), reason=f"{REAL_CORPUS} not present")
-def test_split_of_the_real_corpus_matches_the_reference() -> None:
-    en, fr, _ = read_tatoeba(REAL_CORPUS)
+def test_split_of_the_real_corpus_matches_the_reference(corpus: Path) -> None:
+    en, fr, _ = read_tatoeba(corpus)
     train, valid, test = reference_split(en, fr, 2000, 2000, 1234)
     split = split_pairs(en, fr, 2000, 2000, 1234)
     assert split.valid.src == [en[i] for i in valid] and split.test.tgt == [fr[i] for i in test]

@@ -90,7 +90,12 @@ def test_a_run_with_ema_validates_and_saves_the_average(ema_run: Path, tmp_path:
     assert validation_loss(trainer.model, *args) != pytest.approx(last["valid_loss"], rel=1e-6)
     averaged = average_checkpoints([ema_run / "epoch_001.pt", ema_run / "epoch_002.pt"])
     assert TRAINED not in averaged and UPDATES not in averaged  # inference only
-    assert tmt.evaluate([f"checkpoint={ema_run}", "decoding.beam_size=1"]) >= 0  # translates with `model`
+    # evaluate translates with `model`, the average: the scores validation recorded for it, on the same pairs
+    bleu = tmt.evaluate([f"checkpoint={ema_run / 'epoch_002.pt'}", "split=valid", "max_sentences=8",
+                         "decoding.beam_size=1", "decoding.max_len_a=0", "decoding.max_len_b=8",
+                         f"output_dir={tmp_path / 'eval'}"])
+    report = json.loads((tmp_path / "eval" / "valid.epoch_002.greedy.json").read_text())
+    assert (bleu, report["chrf"]) == (pytest.approx(last["bleu"]), pytest.approx(last["chrf"]))
 
 
 def test_validation_measures_its_loss_on_the_pairs_it_translates(ema_run: Path, tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import transformer_mt as tmt
-from tests.conftest import ROOT, run_cli
+from tests.conftest import multi30k, run_cli
 from transformer_mt import finetune
 from transformer_mt.checkpoint import BEST, TRAINED, load_checkpoint
 from transformer_mt.data import prepare_data
@@ -24,16 +24,13 @@ from transformer_mt.overrides import with_resumed_overrides
 from transformer_mt.tokenizer import Vocabulary
 from transformer_mt.trainer import Trainer
 
-MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
-
 
 def finetune_overrides(parent: Path, run_dir: Path, *extra: str) -> list[str]:
     """Two epochs on 600 Multi30k captions (en->fr, as the parent), starting from `parent`."""
-    if not (MULTI30K / "train.en.gz").is_file():
-        pytest.skip("Multi30k not found at ../shared/data/multi30k")
+    captions = multi30k()
     return [f"init={parent}", "debug=tiny", "dataset=parallel",
-            f"dataset.src_path={MULTI30K / 'train.en.gz'}",
-            f"dataset.tgt_path={MULTI30K / 'train.fr.gz'}", f"dataset.cache_dir={run_dir.parent / 'cache'}",
+            f"dataset.src_path={captions / 'train.en.gz'}",
+            f"dataset.tgt_path={captions / 'train.fr.gz'}", f"dataset.cache_dir={run_dir.parent / 'cache'}",
             "training.epochs=2", f"checkpoint.dir={run_dir}", "device.num_threads=2", *extra]
 
 

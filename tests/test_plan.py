@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
 import logging
 from pathlib import Path
@@ -575,34 +577,48 @@ def test_a_run_stopped_in_the_rest_of_a_resized_epoch_resumes_bit_exact(
 def test_a_kept_batch_validates_at_the_interval_planned_at_trainings_speed(
         corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
-    _check_at_once(monkeypatch, probed=1024, checked=1024)
-    monkeypatch.setattr(rules, "valid_every_steps", lambda *args: 4)
+    """The interval rule, unmocked, on what training measured: batches of 64 tokens make an epoch of about
+    200 steps (more than the rule's unit of 100), and a clock of one second a step sets the speed, so that
+    the rest of a 5-minute budget holds about 260 updates: of 5 validations (of 3 s in 5% of it), the
+    epoch's end and the run's leave 3, every 100 steps."""
+    _check_at_once(monkeypatch, probed=64, checked=64)
+    plan = _probed(64, **{"training.epochs": 1})
+    plan.measured["speeds"]["64"] = 1500.0
+    monkeypatch.setattr(planning, "make", lambda *a, **k: copy.deepcopy(plan))
+    observe, ticks = Calibration.observe, itertools.count()
+    monkeypatch.setattr(Calibration, "observe", lambda self, _, tokens: observe(self, next(ticks), tokens))
     run_dir = tmp_path / "run"
     with caplog.at_level(logging.INFO):
-        tmt.train(tiny_overrides(corpus, run_dir, **PLANNED))
-    assert "the plan's batch, checked at step 6 " in caplog.text
-    # epochs of 12 steps: from the check on, steps 8, 16 and 20 validate besides the epochs' ends
+        tmt.train(tiny_overrides(corpus, run_dir, **{**PLANNED, "training.epochs": 1}))
+    assert "batch kept 64" in caplog.text
+    saved = load_checkpoint(run_dir / "latest.pt")
+    checked, steps_per_epoch = saved["plan"]["measured"]["calibrated"], saved["step"]
+    every = saved["config"]["training"]["valid_every_steps"]
+    assert every == rules.valid_every_steps(checked["updates"]["64"], rules.validations(300, 3.0),
+                                            steps_per_epoch) == 100 < steps_per_epoch
     validated = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in validated if "model" not in r] == [8, 12, 16, 20, 24]
-    assert load_checkpoint(run_dir / "latest.pt")["config"]["training"]["valid_every_steps"] == 4
+    assert [r["step"] for r in validated if "model" not in r] == [*range(every, steps_per_epoch, every),
+                                                                  steps_per_epoch]
 
 
 def test_the_check_turns_ema_on_and_changes_dropout_in_the_running_model(
         corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
-    """Planned without EMA or dropout; at training's speed the rules call for both (here, by decree)."""
+    """Planned without EMA or dropout; at training's speed, over an hour's budget, the rules call for both:
+    the updates expected at the tiny model's speed are thousands, its epochs of 12 steps hundreds."""
     import shutil
 
     _check_at_once(monkeypatch, probed=1024, checked=1024)
-    monkeypatch.setattr(rules, "ema_decay", lambda updates: 0.999)
-    monkeypatch.setattr(rules, "dropout", lambda epochs: 0.2)
     run_dir = tmp_path / "run"
     with caplog.at_level(logging.INFO):
-        tmt.train(tiny_overrides(corpus, run_dir, **PLANNED))
-    assert "batch kept 1024, model.dropout 0 → 0.2, training.ema_decay 0 → 0.999" in caplog.text
+        tmt.train(tiny_overrides(corpus, run_dir, **{**PLANNED, "training.max_minutes": 60}))
     saved = load_checkpoint(run_dir / "latest.pt")
-    assert saved["config"]["training"]["ema_decay"] == 0.999 and saved["model_config"]["dropout"] == 0.2
-    assert saved["config"]["model"]["dropout"] == 0.2
+    updates = saved["plan"]["measured"]["calibrated"]["updates"]["1024"]
+    ema, dropout = rules.ema_decay(updates), rules.dropout(updates / 12)
+    assert (ema, dropout) == (0.999, 0.3)  # unless training ran below about 500 target tokens/s
+    assert f"batch kept 1024, model.dropout 0 → {dropout:g}, training.ema_decay 0 → {ema:g}" in caplog.text
+    assert saved["config"]["training"]["ema_decay"] == ema and saved["model_config"]["dropout"] == dropout
+    assert saved["config"]["model"]["dropout"] == dropout
     assert saved["ema_updates"] == saved["step"] - 6  # averaged from the check at step 6 on
     assert not torch.equal(saved["model"]["src_embed.weight"], saved["trained_model"]["src_embed.weight"])
 
@@ -657,6 +673,36 @@ def test_a_resumed_run_reuses_its_plan(planned_run: Path, tmp_path: Path, monkey
     assert "the run's plan, as it was made" in caplog.text
     saved = load_checkpoint(planned_run / "latest.pt")["plan"]
     assert load_checkpoint(run_dir / "latest.pt")["plan"] == saved
+
+
+def test_a_run_with_nothing_set_by_hand_is_planned_trained_and_recorded(corpus: Path, tmp_path: Path) -> None:
+    """The automatic path, unmocked: the real probe on 600 pairs picks the model, the batch and the rest
+    for a budget of 15 seconds; the run trains until the budget ends it and keeps the plan it trained
+    with, every planned key the plan's and within its rule."""
+    run_dir = tmp_path / "run"
+    tmt.train([f"dataset.path={corpus}", "dataset.url=null", f"dataset.cache_dir={tmp_path / 'cache'}",
+               "dataset.max_pairs=600", "dataset.valid_size=60", "dataset.test_size=60",
+               "tokenizer.vocab_size=400", "device=cpu", "device.num_threads=1", "training.progress=false",
+               "training.plan=auto", "training.max_minutes=0.25", f"checkpoint.dir={run_dir}"])
+    result = json.loads((run_dir / "result.json").read_text())
+    saved = load_checkpoint(run_dir / "latest.pt")
+    plan = planning.Plan.from_dict(result["plan"])
+    assert saved["plan"] == result["plan"] and result["steps"] == saved["step"] > 0
+    assert set(plan.values) == set(planning.PLANNED) and set(plan.sources.values()) == {"plan"}
+    assert plan.measured["probe_seconds"] > 0 and plan.measured["ends_by"] == "budget"
+    v = plan.values
+    sizes = {size: planning.shape(size, ModelConfig()) for size in rules.SIZES}
+    assert any(all(v[key] == getattr(m, key.split(".")[1]) for key in planning.SHAPE) for m in sizes.values())
+    assert v["training.batch_tokens"] in rules.BATCH_CANDIDATES
+    assert v["training.lr"] == rules.peak_lr(v["model.d_model"]) and v["training.scheduler"] == "linear"
+    assert v["training.warmup_steps"] == rules.warmup_steps(plan.measured["updates"])
+    assert v["training.epochs"] == planning.UNTIL_THE_BUDGET and v["model.norm_first"] is True
+    assert v["model.dropout"] in (0.0, 0.1, 0.2, 0.3) and v["training.ema_decay"] in (0.0, 0.999)
+    assert v["training.average_last"] == rules.average_last(v["training.ema_decay"], 3)
+    assert v["training.valid_max_sentences"] == 60  # the whole split: fewer than FEWEST_VALID_SENTENCES
+    assert v["training.valid_every_steps"] % 100 == 0
+    trained = {key: saved["config"][key.split(".")[0]][key.split(".")[1]] for key in planning.PLANNED}
+    assert trained == v and saved["model_config"]["d_model"] == v["model.d_model"]  # trained with them
 
 
 def test_a_plan_needs_a_budget(corpus: Path, tmp_path: Path) -> None:

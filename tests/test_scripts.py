@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import transformer_mt as tmt
-from tests.conftest import ROOT, tiny_overrides
+from tests.conftest import ROOT, multi30k, tiny_overrides
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.data import load_split_tsv
 from transformer_mt.tables import markdown_table
@@ -114,12 +114,18 @@ def test_benchmark_decoding(script, tiny_run: Path, tmp_path: Path) -> None:
 
 
 def test_benchmark_data(script, tmp_path: Path) -> None:
+    """Two sizes: one row each, and the memory ratios of the larger against the smaller."""
     out = tmp_path / "data.json"
-    assert script("benchmark_data").main(["--sizes", "300", "--out", str(out)]) == 0
+    assert script("benchmark_data").main(["--sizes", "300", "1200", "--out", str(out)]) == 0
     r = json.loads(out.read_text())
-    [row] = r["rows"]
-    assert row["pairs"] == 300 and row["pairs_per_s"] > 0 and row["start_peak_rss_mib"] > 0
-    assert r["rss_ratio_largest_vs_smallest"] == 1.0
+    small, large = r["rows"]
+    assert (small["pairs"], large["pairs"]) == (300, 1200) and large["corpus_mib"] > 3 * small["corpus_mib"]
+    for row in (small, large):
+        assert row["pairs_per_s"] == pytest.approx(row["pairs"] / row["prepare_seconds"])
+        assert row["start_peak_rss_mib"] > 0
+        assert 0 < row["prepare_peak_anon_mib"] <= row["prepare_peak_rss_mib"]  # RSS counts the anonymous
+    for ratio, key in (("rss", "prepare_peak_rss_mib"), ("anon", "prepare_peak_anon_mib")):
+        assert r[f"{ratio}_ratio_largest_vs_smallest"] == pytest.approx(large[key] / small[key])
 
 
 def test_benchmark_serve(script, tiny_run: Path, tmp_path: Path) -> None:
@@ -195,13 +201,11 @@ def _first_pairs(corpus: Path, path: Path, n: int) -> Path:
 def test_adaptation_study(script, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """The four runs on a few hundred pairs (en->fr): (c) starts from (b), (d) mixes Tatoeba in; one
     table of all four on Multi30k's validation set and test split."""
-    multi30k = ROOT.parent / "shared" / "data" / "multi30k"
-    if not (multi30k / "train.fr.gz").is_file():
-        pytest.skip("Multi30k not found at ../shared/data/multi30k")
+    captions = multi30k()
     out, tatoeba = tmp_path / "study", _first_pairs(corpus, tmp_path / "fra-eng.zip", 2000)
     smoke = ["--", "debug=smoke", "training.epochs=1", "device.num_threads=1",
              "training.valid_max_sentences=8"]
-    assert script("adaptation_study").main(["--multi30k", str(multi30k), "--tatoeba", str(tatoeba), "--tgt",
+    assert script("adaptation_study").main(["--multi30k", str(captions), "--tatoeba", str(tatoeba), "--tgt",
                                             "fr", "--max-sentences", "10", "--out", str(out), *smoke]) == 0
     assert load_checkpoint(out / "c" / "best.pt")["parent"] == str((out / "b" / "best.pt").resolve())
     assert json.loads((out / "d" / "split" / "train_summary.json").read_text())["mixture"][1]["weight"] == 0.2
@@ -267,3 +271,28 @@ def test_ci_prepares_the_browser_then_runs_the_test_command(tmp_path: Path) -> N
     installs = ["apt-get install -y -q chromium CI="] if os.getuid() == 0 else []  # only root installs
     assert log == [*installs, "setup.sh", "ruff check transformer_mt tests scripts CI=1",
                    "python -m pytest -q -n auto --dist loadfile CI=1"]
+
+
+@pytest.mark.parametrize(("ci", "outcome"), [(None, pytest.skip.Exception), ("", pytest.skip.Exception),
+                                             ("0", pytest.skip.Exception), ("false", pytest.skip.Exception),
+                                             ("1", pytest.fail.Exception), ("true", pytest.fail.Exception)])
+def test_under_ci_a_missing_corpus_fails_instead_of_skipping(ci: str | None, outcome: type[BaseException],
+                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    """Without ../shared a test that needs a corpus is skipped on a laptop; CI must run it, so it fails."""
+    from tests import conftest
+
+    monkeypatch.setattr(conftest, "CORPORA", (tmp_path / "shared" / "fra-eng.zip",))
+    monkeypatch.setattr(conftest, "MULTI30K", tmp_path / "shared" / "multi30k")
+    if ci is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", ci)
+    for needs in (conftest.tatoeba_corpus, conftest.multi30k):
+        with pytest.raises((pytest.skip.Exception, pytest.fail.Exception), match="not found at ../shared/data"
+                           ) as raised:  # both, so that a skip where a failure is due fails this test
+            needs()
+        assert raised.type is outcome
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "fra-eng.zip").write_bytes(b"")
+    assert conftest.tatoeba_corpus() == tmp_path / "shared" / "fra-eng.zip"  # found: no skip, no failure

@@ -143,15 +143,29 @@ def test_optuna_and_joblib_configs_compose() -> None:
     assert cfg.training.lr == 1e-3  # the search space lives in the sweeper, the run config is unchanged
 
 
-@pytest.mark.parametrize("overrides", [
-    ["sweep=optuna"], ["hydra/sweeper=optuna"], ["hydra/launcher=joblib"], ["hydra/launcher=parallel"],
-    ["hydra/launcher=submitit_slurm"], ["hydra/launcher=slurm", "hydra.launcher.partition=gpu"],
-    ["training.lr=tag(log, interval(1e-4, 1e-2))", "model.d_ff=choice(512, 1024)"],
+@pytest.mark.parametrize(("overrides", "plugin", "jobs"), [
+    (["sweep=optuna"], "sweeper.OptunaSweeper", 2), (["hydra/sweeper=optuna"], "sweeper.OptunaSweeper", 2),
+    (["hydra/launcher=joblib"], "launcher.JoblibLauncher", 1),
+    (["hydra/launcher=parallel"], "launcher.JoblibLauncher", 1),
+    (["hydra/launcher=submitit_slurm"], "launcher.SlurmLauncher", 1),
+    (["hydra/launcher=slurm", "hydra.launcher.partition=gpu"], "launcher.SlurmLauncher", 1),
 ])
-def test_precheck_accepts_sweepers_launchers_and_search_spaces(overrides: list[str]) -> None:
+def test_precheck_accepts_sweepers_and_launchers(overrides: list[str], plugin: str, jobs: int) -> None:
+    """Each job is checked with the plugin in place; a search sweeper's first two trials, since it numbers
+    them (and two trials must not share a directory)."""
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    precheck("train", ["-m", *overrides])
+    checked = precheck("train", ["-m", *overrides])
+    assert len(checked) == jobs and all(c.training.lr == 1e-3 for c in checked)  # the run's own settings
+    group, name = plugin.split(".")
+    assert _compose(*overrides).hydra[group]._target_.endswith(name)
+
+
+def test_precheck_checks_every_value_of_a_search_space() -> None:
+    """Each end of an interval and each choice, every swept key against the others' first values."""
+    checked = precheck("train", ["-m", "training.lr=tag(log, interval(1e-4, 1e-2))",
+                                 "model.d_ff=choice(512, 1024)"])
+    assert [(c.training.lr, c.model.d_ff) for c in checked] == [(1e-4, 512), (1e-2, 512), (1e-4, 1024)]
 
 
 def test_precheck_checks_both_ends_of_an_interval() -> None:

@@ -72,6 +72,35 @@ def test_evaluate_reports_all_metrics(tiny_run_copy: Path, capsys: pytest.Captur
         assert key in report
 
 
+@pytest.mark.parametrize("given", ["split", "files", "tsv"])
+def test_evaluate_prints_and_records_sacrebleus_scores(given: str, tiny_run_copy: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """BLEU and chrF, as evaluate prints and records them, are sacrebleu's on the hypotheses it wrote and
+    the references given: a split of the run (split=), two files (src_file=, ref_file=), one TSV."""
+    import sacrebleu
+
+    rows = (tiny_run_copy / "split" / "valid.tsv").read_text(encoding="utf-8").splitlines()[:20]
+    sources, references = zip(*(row.split("\t") for row in rows))
+    given_as = {"split": ["split=valid", "max_sentences=20"],
+                "files": [f"src_file={tmp_path / 'held.en'}", f"ref_file={tmp_path / 'held.fr'}"],
+                "tsv": [f"tsv_file={tmp_path / 'held.tsv'}"]}
+    (tmp_path / "held.en").write_text("\n".join(sources) + "\n", encoding="utf-8")
+    (tmp_path / "held.fr").write_text("\n".join(references) + "\n", encoding="utf-8")
+    (tmp_path / "held.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    # Sampled: this barely trained model's search ends at once, and empty translations score 0 whatever
+    # the references are.
+    tmt.evaluate([f"checkpoint={tiny_run_copy}", *given_as[given], "decoding.sampling=true",
+                  "decoding.top_k=10", "device=cpu", f"output_dir={tmp_path / 'eval'}"])
+    [written] = (tmp_path / "eval").glob(f"{'valid' if given == 'split' else 'held'}.*.sampling.hyp.txt")
+    hypotheses = written.read_text(encoding="utf-8").split("\n")[:-1]  # one a line
+    assert len(hypotheses) == 20
+    bleu = sacrebleu.corpus_bleu(hypotheses, [list(references)]).score
+    chrf = sacrebleu.corpus_chrf(hypotheses, [list(references)]).score
+    report = json.loads(written.with_name(written.name.replace(".hyp.txt", ".json")).read_text())
+    assert (report["bleu"], report["chrf"]) == (pytest.approx(bleu), pytest.approx(chrf)) and chrf > 0
+    assert f"(20 sentences, sampling): BLEU {bleu:.2f}  chrF {chrf:.2f}" in capsys.readouterr().out
+
+
 def _stdin(monkeypatch: pytest.MonkeyPatch, text: bytes) -> None:
     """A pipe on stdin (not a terminal), as in `echo ... | transformer-mt translate`."""
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text), encoding="utf-8"))

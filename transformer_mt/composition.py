@@ -116,29 +116,31 @@ def _shared_run_dirs(dirs: list[tuple[int, str | None]]) -> None:
         seen[key] = job
 
 
-def precheck(command: str, args: Sequence[str]) -> None:
-    """Compose and validate every job as Hydra will, raising ConfigError with one line. With `--cfg`,
-    which prints the config instead of running it, what a run needs may be missing (no checkpoint=)."""
+def precheck(command: str, args: Sequence[str]) -> list[Any]:
+    """Compose and validate every job as Hydra will, raising ConfigError with one line; the typed config
+    of each job checked (none for a flag that runs no job). With `--cfg`, which prints the config instead
+    of running it, what a run needs may be missing (no checkpoint=)."""
     flags, overrides = split_flags(args)
     if NO_PRECHECK_FLAGS & set(flags):
-        return
+        return []
     check_renamed(overrides)
     try:
         variants = sweep_variants(overrides)
     except Exception as ex:  # noqa: BLE001 - the override grammar raises several types
         raise ConfigError(f"cannot parse overrides: {explain_composition_error(ex)}") from ex
     multirun, printing = bool(MULTIRUN_FLAGS & set(flags)), bool({"--cfg", "-c"} & set(flags))
-    dirs: list[tuple[int, str | None]] = []
+    checked: list[Any] = []
     for job, variant in enumerate(variants):
         cfg, typed = _checked(command, variant, job if multirun else None, complete=not printing)
         _run_files_together(typed, cfg)
         if command == "train" and not printing:
             _run_directory_free(typed)
-        dirs.append((job, getattr(getattr(typed, "checkpoint", None), "dir", None)))
+        checked.append(typed)
     if multirun and len(variants) == 1 and not cfg.hydra.sweeper._target_.endswith("BasicSweeper"):
-        _, typed = _checked(command, variants[0], 1)  # a search sweeper numbers its trials: 0, 1, ...
-        dirs.append((1, getattr(getattr(typed, "checkpoint", None), "dir", None)))
-    _shared_run_dirs(dirs)
+        checked.append(_checked(command, variants[0], 1)[1])  # a search sweeper numbers its trials: 0, 1, ...
+    _shared_run_dirs([(job, getattr(getattr(typed, "checkpoint", None), "dir", None))
+                      for job, typed in enumerate(checked)])
+    return checked
 
 
 def _checked(command: str, overrides: Sequence[str], job_num: int | None,
