@@ -6,7 +6,7 @@
 A real server is started on 127.0.0.1 (a free port). `--clients` threads send requests back to back for
 `--seconds`; every fourth client is hostile and cycles through five kinds of abuse:
 
-- attention: the longest text the server takes, with `attention: true` and the server's largest beam;
+- attention: eight texts of 300 characters with `attention: true` and the server's largest beam;
 - surrogate: a text holding a lone UTF-16 surrogate (`"\\ud800"`), which no tokenizer can encode;
 - prefix: a prefix far longer than the model's positions;
 - hang-up: a long request, then the connection closed before the answer;
@@ -109,7 +109,7 @@ def hostile(host: str, port: int, kind: str, long_text: str, max_beam: int, tall
     A slow body stops being sent at `end` (time.monotonic), when the load ends."""
     try:
         if kind == "attention":
-            body = {"text": [long_text], "attention": True, "beam_size": max_beam}
+            body = {"text": [long_text[:300]] * 8, "attention": True, "beam_size": max_beam}
             status, _, _ = translate(host, port, body)
         elif kind == "surrogate":
             status, _, _ = translate(host, port, {"text": ["la gare \ud800 est"]})
