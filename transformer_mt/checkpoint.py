@@ -11,13 +11,28 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from transformer_mt import checkpoint_check as check
+from transformer_mt.checkpoint_header import (
+    FORMAT_VERSION,
+    TRAINED,
+    WEIGHTS,
+    check_entries,
+    counter,
+    existing,
+    wrong,
+)
+from transformer_mt.checkpoint_paths import (
+    BEST,
+    LATEST,
+    first_loadable,
+    numbered_checkpoints,
+    resolve_checkpoint,
+)
 from transformer_mt.config import ModelConfig
 from transformer_mt.errors import CheckpointError, TrainingError
 from transformer_mt.model import Transformer
@@ -25,14 +40,7 @@ from transformer_mt.runtime import TEMPORARY, atomic_write, free_mib
 from transformer_mt.tokenizer import PAD_ID, Vocabulary
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 1
-BEST = "best.pt"
-LATEST = "latest.pt"
-_NUMBERED_FILE = re.compile(r"^(epoch|step)_(\d+)\.pt$")
-TRAINED = "trained_model"  # with EMA on, `model` is the average and this the trained weights (ema.py)
 UPDATES = "ema_updates"
-_REQUIRED = ("format_version", "model_config", "model", "tokenizer", "config")
-WEIGHTS = ("model", TRAINED)  # the entries that hold a model's weights
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:
@@ -101,56 +109,16 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
     """Load safely (`weights_only=True`: no code runs) and check it is one of ours: its entries' types,
     its format, weights that are dense tensors (checkpoint_check). With mmap, tensors are mapped from
     the file and read only when used."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
+    path = existing(path)
     state = check.read_file(path, map_location, mmap)
-    check.check_header(path, state, FORMAT_VERSION, _REQUIRED, WEIGHTS)
+    check_entries(path, state, check.check_tensors)
     return state
-
-
-def numbered_checkpoints(run_dir: Path) -> list[Path]:
-    """The run's epoch_NNN.pt and step_NNNNNNN.pt checkpoints, oldest first (by write time)."""
-    found = [p for p in run_dir.glob("*.pt") if _NUMBERED_FILE.match(p.name)]
-    return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name))
-
-
-def resolve_checkpoint(path: str | Path, prefer: str = BEST) -> Path:
-    """A file is used as given; a run directory means its best (or latest) checkpoint."""
-    path = Path(path).expanduser()
-    if path.is_file():
-        return path
-    if not path.is_dir():
-        raise CheckpointError(f"checkpoint path {path} does not exist; give a .pt file or a run directory")
-    for name in (prefer, BEST, LATEST):
-        if (path / name).is_file():
-            return path / name
-    numbered = numbered_checkpoints(path)
-    if numbered:
-        return numbered[-1]
-    raise CheckpointError(f"no checkpoint in {path}; expected {BEST}, {LATEST} or epoch_NNN.pt")
 
 
 def load_latest_good(path: str | Path, mmap: bool = False) -> tuple[Path, dict[str, Any]]:
     """The newest loadable checkpoint of a run (checked as `checked_for_resume`): latest.pt, else epoch
-    files newest first.
-
-    A crash can only truncate a file being written under a temporary name, but a disk can still
-    corrupt one; then the previous good checkpoint is used, with a warning.
-    """
-    path = Path(path).expanduser()
-    if path.is_file():
-        return path, checked_for_resume(path, mmap)
-    first = resolve_checkpoint(path, prefer=LATEST)
-    candidates = [first] + [p for p in reversed(numbered_checkpoints(path)) if p != first]
-    problems = []
-    for candidate in candidates:
-        try:
-            return candidate, checked_for_resume(candidate, mmap)
-        except CheckpointError as ex:
-            problems.append(str(ex))
-            log.warning("%s; trying the previous checkpoint", ex)
-    raise CheckpointError(f"no loadable checkpoint in {path}: {problems[0]}")
+    files newest first, with a warning for each that fails (checkpoint_paths.first_loadable)."""
+    return first_loadable(path, lambda file: checked_for_resume(file, mmap))
 
 
 def checked_for_resume(path: Path, mmap: bool = False) -> dict[str, Any]:
@@ -161,7 +129,7 @@ def checked_for_resume(path: Path, mmap: bool = False) -> dict[str, Any]:
     if "optimizer" in state:
         check.check_position(path, state)
     if UPDATES in state:
-        check.counter(path, state, UPDATES)
+        counter(path, state, UPDATES)
     return state
 
 
@@ -175,7 +143,7 @@ def saved_overrides(path: str | Path) -> list[str]:
                               f"(init={path})")
     overrides = state["overrides"]
     if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
-        raise check.wrong(file, "overrides", overrides, "a list of strings")
+        raise wrong(file, "overrides", overrides, "a list of strings")
     return overrides
 
 

@@ -3,7 +3,8 @@
 A checkpoint is a file from anywhere, so nothing in it is used before it is checked: the bytes must be
 the zip archive torch.save writes (else the file is corrupt), its pickle may hold tensors and plain
 data only (else it is refused, never run); each field the loader reads has its type and range (the
-rules of `rules.py`, upper bounds included); the tokenizer must parse; and every weight must have the
+rules of `rules.py`, upper bounds included: checkpoint_header.py holds them, torch-free, for the command
+line's check before torch is imported); the tokenizer must parse; and every weight must have the
 shape its model_config implies, compared on a model built on the meta device (no memory), so that a
 small file claiming a huge model is refused before a single parameter is allocated. Each problem is one
 CheckpointError naming the file and the field.
@@ -16,7 +17,6 @@ import json
 import math
 import pickle
 import re
-import typing
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -24,39 +24,40 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from transformer_mt.checkpoint_header import (
+    claims_more,
+    corrupt,
+    counter,
+    entry,
+    fits,
+    model_config,
+    refused,
+    wrong,
+)
 from transformer_mt.config import ModelConfig
 from transformer_mt.errors import CheckpointError
 from transformer_mt.model import Transformer
-from transformer_mt.rules import CHOICES, RANGES, SPECIAL_TOKENS
+from transformer_mt.rules import CHOICES, SPECIAL_TOKENS
 from transformer_mt.tokenizer import PAD_ID, Vocabulary
 
 # The pickle of a file that carries code names a global (a function or class) that weights_only
 # refuses; any other unpickling failure is damaged bytes.
 _REFUSED = re.compile(r"GLOBAL|unrecognized function|new object|Can only build")
-_TYPES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a mapping",
-          list: "a list"}
-_SIZES = ("src_vocab_size", "tgt_vocab_size")
+
 
 
 def read_file(path: Path, map_location: str | torch.device, mmap: bool) -> Any:
     """torch.load with weights_only: corrupt bytes and refused payloads each get their own message."""
     if not zipfile.is_zipfile(path):  # what torch.save has written since PyTorch 1.6
-        raise CheckpointError(f"checkpoint {path} is corrupt or truncated (not the zip archive torch.save "
-                              "writes); use an earlier checkpoint of the run")
+        raise corrupt(path, "not the zip archive torch.save writes")
     try:
         return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as ex:
         if _REFUSED.search(str(ex)):
-            raise CheckpointError(f"checkpoint {path} was refused: it holds objects other than tensors and "
-                                  f"plain data, which could run code when loaded ({_reason(ex)})") from ex
-        raise _corrupt(path, ex) from ex
+            raise refused(path, _reason(ex)) from ex
+        raise corrupt(path, _reason(ex)) from ex
     except Exception as ex:  # damaged bytes surface as any of a dozen exception types
-        raise _corrupt(path, ex) from ex
-
-
-def _corrupt(path: Path, ex: BaseException) -> CheckpointError:
-    return CheckpointError(f"checkpoint {path} is corrupt or truncated ({_reason(ex)}); "
-                           "use an earlier checkpoint of the run")
+        raise corrupt(path, _reason(ex)) from ex
 
 
 def _reason(ex: BaseException) -> str:
@@ -64,63 +65,6 @@ def _reason(ex: BaseException) -> str:
     lines = [line.strip() for line in str(ex).splitlines() if line.strip()]
     named = [line for line in lines if _REFUSED.search(line) or line.startswith("Unsupported")]
     return (named or lines or [type(ex).__name__])[0][:200]
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def wrong(path: Path, field: str, value: Any, expected: str) -> CheckpointError:
-    """The one-line error for a field of the wrong type or value."""
-    return CheckpointError(f"checkpoint {path}: {field} is {_shown(value)}, expected {expected}")
-
-
-def _fits(value: Any, kind: Any) -> bool:
-    if kind is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
-
-
-def entry(path: Path, state: dict[str, Any], field: str, kind: Any, within: str = "") -> Any:
-    """state[field], which must exist and be of `kind` (int, float, str, bool, dict or list); `within`
-    names the mapping in messages (`config.dataset.`)."""
-    if field not in state:
-        raise CheckpointError(f"checkpoint {path} has no {within}{field}; it was not written by this "
-                              "version of transformer-mt's training")
-    value = state[field]
-    if not _fits(value, kind):
-        raise wrong(path, within + field, value, _TYPES[kind])
-    return value
-
-
-def counter(path: Path, state: dict[str, Any], field: str, low: int = 0, within: str = "") -> int:
-    """A count such as step or epoch: an integer >= low."""
-    value = entry(path, state, field, int, within)
-    if value < low:
-        raise wrong(path, within + field, value, f"an integer >= {low}")
-    return value
-
-
-def check_header(path: Path, state: Any, format_version: int, required: tuple[str, ...],
-                 weights: tuple[str, ...]) -> None:
-    """A mapping with the required entries, a format this version reads, and weights that are tensors
-    each holding its own elements (a view can claim a huge shape over a few bytes)."""
-    if not isinstance(state, dict) or any(key not in state for key in required):
-        raise CheckpointError(f"{path} is not a transformer-mt checkpoint "
-                              "(missing model, config or tokenizer)")
-    version = entry(path, state, "format_version", int)
-    if version > format_version:
-        raise CheckpointError(f"{path} was written by a newer transformer-mt; upgrade to load it")
-    if version < 1:
-        raise wrong(path, "format_version", version, f"an integer from 1 to {format_version}")
-    for field in weights:
-        if field in state:
-            check_tensors(path, field, state[field])
-    for field in ("step", "epoch"):
-        if field in state and state[field] is not None:
-            counter(path, state, field)
-    entry(path, state, "config", dict)  # the run's config: shown by translate and serve as it is
 
 
 def check_tensors(path: Path, field: str, weights: Any) -> None:
@@ -135,50 +79,7 @@ def check_tensors(path: Path, field: str, weights: Any) -> None:
         if not tensor.is_floating_point():
             raise wrong(path, f"{where}.dtype", tensor.dtype, "a floating-point type")
         if tensor.numel() * tensor.element_size() > tensor.untyped_storage().nbytes():
-            raise CheckpointError(f"checkpoint {path}: {where} claims shape {tuple(tensor.shape)} over "
-                                  f"{tensor.untyped_storage().nbytes()} bytes; the file is damaged")
-
-
-def typed_section(path: Path, field: str, values: Any, schema: type, known_only: bool) -> dict[str, Any]:
-    """A saved config section whose values have the schema's types (unknown keys: an error when
-    known_only, else left alone); returns the section's values of the schema's keys."""
-    if not isinstance(values, dict):
-        raise wrong(path, field, values, "a mapping of settings")
-    hints = typing.get_type_hints(schema)
-    fields = {f.name for f in dataclasses.fields(schema)}
-    unknown = sorted(str(k) for k in values if k not in fields)
-    if known_only and unknown:
-        raise CheckpointError(f"checkpoint {path}: {field}.{unknown[0]} is not a setting of this version's "
-                              f"{schema.__name__}; the checkpoint is from another version or damaged")
-    for key in sorted(fields & set(values)):
-        kind = hints[key]
-        if not _fits(values[key], kind):
-            raise wrong(path, f"{field}.{key}", values[key], _TYPES[kind])
-        if kind is float and not math.isfinite(values[key]):
-            raise wrong(path, f"{field}.{key}", values[key], "a finite number")
-    return {key: values[key] for key in fields & set(values)}
-
-
-def model_config(path: Path, state: dict[str, Any]) -> tuple[ModelConfig, int, int]:
-    """The checkpoint's model_config checked: (the config, source and target vocabulary sizes)."""
-    spec = dict(entry(path, state, "model_config", dict))
-    sizes = []
-    for key in _SIZES:
-        size = counter(path, spec, key, within="model_config.")
-        allowed, bound = RANGES["tokenizer.vocab_size"]
-        if not (allowed(size) and size > len(SPECIAL_TOKENS)):
-            raise wrong(path, f"model_config.{key}", size,
-                        f"a vocabulary size > {len(SPECIAL_TOKENS)} and {bound}")
-        sizes.append(spec.pop(key))
-    if entry(path, spec, "pad_id", int, "model_config.") != PAD_ID:
-        raise wrong(path, "model_config.pad_id", spec["pad_id"], f"{PAD_ID} (the id of <pad>)")
-    del spec["pad_id"]
-    config = ModelConfig(**typed_section(path, "model_config", spec, ModelConfig, known_only=True))
-    problems = config.problems()
-    if problems:
-        raise CheckpointError(f"checkpoint {path}: its model_config breaks the model's rules: "
-                              f"{'; '.join(problems)}")
-    return config, sizes[0], sizes[1]
+            raise claims_more(path, where, tuple(tensor.shape), tensor.untyped_storage().nbytes())
 
 
 def vocabulary(path: Path, state: dict[str, Any]) -> Vocabulary:
@@ -303,5 +204,5 @@ def check_position(path: Path, state: dict[str, Any]) -> None:
         raise wrong(path, "train_seconds", state["train_seconds"], "a number of seconds >= 0")
     best = entry(path, state, "best", dict)
     value = best.get("value")  # (also its epoch, which only result.json reports)
-    if not isinstance(best.get("metric"), str) or not (value is None or _fits(value, float)):
+    if not isinstance(best.get("metric"), str) or not (value is None or fits(value, float)):
         raise wrong(path, "best", best, "{'metric': <name>, 'value': <number or null>, 'epoch': ...}")

@@ -21,6 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from transformer_mt.checkpoint_header import check_checkpoints, check_parent
 from transformer_mt.config import (
     CONFIG_DIR,
     SCHEMAS,
@@ -28,6 +29,7 @@ from transformer_mt.config import (
     validate,
 )
 from transformer_mt.overrides import (
+    ENSEMBLE_COMMANDS,
     MULTIRUN_FLAGS,
     NO_PRECHECK_FLAGS,
     check_renamed,
@@ -152,11 +154,24 @@ def _checked(command: str, overrides: Sequence[str], job_num: int | None,
         raise ConfigError(explain_composition_error(ex)) from ex
     typed = to_dataclass(cfg, SCHEMAS[command])
     validate(typed, complete)
+    if complete:
+        _check_headers(command, typed)
     if command == "train" and typed.init:  # fine-tuning: the parent's model, tokenizer and languages
         from transformer_mt import finetune
 
         finetune.check_config(typed, finetune.load_parent(typed.init, mmap=True)[1])
     return cfg, typed
+
+
+def _check_headers(command: str, typed: Any) -> None:
+    """The checkpoints a job reads, checked from their headers before anything imports torch (whose
+    import alone takes some 280 MiB): a crafted file claiming a huge model is refused at little cost.
+    The loader checks them again, and their weights, when the job runs."""
+    if command == "train":
+        if typed.init:
+            check_parent(typed.init)
+    elif typed.checkpoint:
+        check_checkpoints(typed.checkpoint, ensemble=command in ENSEMBLE_COMMANDS)
 
 
 # -- one line for a failed composition --------------------------------------------------------

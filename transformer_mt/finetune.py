@@ -21,6 +21,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from transformer_mt import checkpoint_check as check
+from transformer_mt import checkpoint_header as header
 from transformer_mt.checkpoint import WEIGHTS, load_checkpoint, resolve_checkpoint, trained_weights
 from transformer_mt.config import CONFIG_DIR, ModelConfig, TokenizerConfig, TrainConfig
 from transformer_mt.ema import WeightAverage
@@ -42,16 +43,16 @@ def load_parent(init: str, mmap: bool = False) -> tuple[Path, dict[str, Any]]:
         path = resolve_checkpoint(init)
         state = load_checkpoint(path, mmap=mmap)
         check.check_model(path, state, WEIGHTS)
-        check.counter(path, state, "step")
-        config = check.entry(path, state, "config", dict)
-        tokenizer = check.entry(path, config, "tokenizer", dict, "config.")
-        check.typed_section(path, "config.tokenizer", tokenizer, TokenizerConfig, known_only=False)
-        dataset = check.entry(path, config, "dataset", dict, "config.")
+        header.counter(path, state, "step")
+        config = header.entry(path, state, "config", dict)
+        tokenizer = header.entry(path, config, "tokenizer", dict, "config.")
+        header.typed_section(path, "config.tokenizer", tokenizer, TokenizerConfig, known_only=False)
+        dataset = header.entry(path, config, "dataset", dict, "config.")
         for key in ("src_lang", "tgt_lang"):
-            check.entry(path, dataset, key, str, "config.dataset.")
+            header.entry(path, dataset, key, str, "config.dataset.")
         return path, state
     except CheckpointError as ex:
-        raise CheckpointError(f"init={init}: {ex}") from ex
+        raise header.for_parent(init, ex) from ex
 
 
 def parent_sections(state: dict[str, Any]) -> dict[str, dict[str, Any]]:

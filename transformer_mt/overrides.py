@@ -13,6 +13,8 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep
 
+from transformer_mt.checkpoint_header import check_parent, read_header
+from transformer_mt.checkpoint_paths import first_loadable
 from transformer_mt.config import ConfigError
 from transformer_mt.typed import RENAMED, unknown_key_message
 
@@ -76,6 +78,8 @@ def with_resumed_overrides(overrides: Sequence[str]) -> list[str]:
     resume = [o.split("=", 1)[1] for o in overrides if o.startswith("resume=")]
     if not resume or not resume[-1]:
         return _with_parent(overrides)
+    # its header first, without torch: a crafted checkpoint is refused before torch takes its memory
+    first_loadable(resume[-1], read_header, warn=False)
     from transformer_mt.checkpoint import saved_overrides
 
     dropped = ("resume=", "init=", "checkpoint.dir=")
@@ -89,6 +93,7 @@ def _with_parent(overrides: Sequence[str]) -> list[str]:
     init = [o.split("=", 1)[1] for o in overrides if o.startswith("init=")]
     if not init or init[-1] in ("", "null"):
         return list(overrides)
+    check_parent(init[-1])  # its header, before torch is imported
     from transformer_mt import finetune
 
     state = finetune.load_parent(init[-1], mmap=True)[1]
