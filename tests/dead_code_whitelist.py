@@ -15,6 +15,9 @@ signum
 exc
 _.require_backward_grad_sync
 _.id  # hydra.job.id, set as Hydra's launcher sets it
+# pickle.Unpickler's hooks, which it calls for each global and storage (checkpoint_header.py).
+_.find_class
+_.persistent_load
 # Settings of objects of other libraries: CTranslate2's model spec, a `tokenizers` Tokenizer, what a
 # fused torch optimizer's step reads (as GradScaler sets it).
 _.found_inf

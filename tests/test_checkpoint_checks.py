@@ -244,43 +244,44 @@ def test_averaging_checkpoints_of_other_shapes_is_one_line(tmp_path: Path, state
 _PEAK = ("import resource, subprocess, sys; done = subprocess.run(sys.argv[1:], capture_output=True, "
          "text=True); sys.stderr.write(done.stderr); "
          "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(done.returncode)")
+LIMIT_KIB = 300_000_000 // 1024  # the issue's bar: 300 MB
 
 
-def _peak_kib(*args: str) -> tuple[int, str]:
-    """(peak RSS in KiB, stderr) of `python -m transformer_mt args` run as a user would."""
-    done = subprocess.run([sys.executable, "-c", _PEAK, sys.executable, "-m", "transformer_mt", *args],
+def _peak_kib(*args: str, returncode: int = 2) -> tuple[int, str]:
+    """(peak RSS in KiB, stderr) of `python args` run as a user would."""
+    done = subprocess.run([sys.executable, "-c", _PEAK, sys.executable, *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.returncode == returncode, done.stderr[-2000:]
     return int(done.stdout.split()[-1]), done.stderr.strip()
 
 
 @pytest.fixture(scope="module")
-def baseline_kib(tmp_path_factory: pytest.TempPathFactory) -> int:
-    """The peak of a command that fails at once (its checkpoint does not exist): importing torch,
-    transformer_mt and Hydra, composing the config."""
-    missing = tmp_path_factory.mktemp("missing") / "none.pt"
-    return _peak_kib("translate", f"checkpoint={missing}", "text=hi")[0]
+def torch_kib() -> int:
+    """The peak of a process that imports torch and does nothing else."""
+    return _peak_kib("-c", "import torch", returncode=0)[0]
 
 
 @pytest.mark.parametrize(("claim", "command"), [
-    (LARGE, "translate"), (HUGE, "translate"), (LARGE, "train"),
+    (LARGE, "translate"), (HUGE, "translate"), (LARGE, "evaluate"), (LARGE, "init"), (LARGE, "resume"),
 ])
 def test_a_crafted_checkpoint_claiming_a_huge_model_is_refused_in_little_memory(
-        tmp_path: Path, state: dict[str, Any], baseline_kib: int, claim: dict[str, int], command: str,
+        tmp_path: Path, state: dict[str, Any], torch_kib: int, claim: dict[str, int], command: str,
         corpus: Path) -> None:
-    """A few kB whose model_config claims hundreds of millions of parameters: refused in one line, the
-    process using at most 32 MiB more than one that fails before reading any checkpoint. (Fine-tuning is
-    given a corpus, so that nothing else stops it before it builds the model.)"""
+    """A few kB whose model_config claims hundreds of millions of parameters: refused in one line from its
+    header, before torch is imported, so in under 300 MB and in less than half what importing torch alone
+    takes. (Fine-tuning is given a corpus, so that nothing else could stop it before it reads the file.)"""
     crafted = _write(tmp_path, _with_config(state, **claim))
     assert crafted.stat().st_size < 64_000
-    args = ([f"checkpoint={crafted}", "text=hi"] if command == "translate" else
-            [f"init={crafted}", f"checkpoint.dir={tmp_path / 'run'}", f"dataset.path={corpus}",
-             "dataset.url=null", "dataset.max_pairs=300", f"dataset.cache_dir={tmp_path / 'cache'}",
-             "device.num_threads=1"])
-    peak, stderr = _peak_kib(command, *args)
-    print(f"{command} with {claim}: peak {peak / 1024:.0f} MiB, baseline {baseline_kib / 1024:.0f} MiB")
+    args = {"translate": ["translate", f"checkpoint={crafted}", "text=hi"],
+            "evaluate": ["evaluate", f"checkpoint={crafted}"],
+            "init": ["train", f"init={crafted}", f"checkpoint.dir={tmp_path / 'run'}",
+                     f"dataset.path={corpus}", "dataset.url=null", "dataset.max_pairs=300",
+                     f"dataset.cache_dir={tmp_path / 'cache'}", "device.num_threads=1"],
+            "resume": ["train", f"resume={crafted}"]}[command]
+    peak, stderr = _peak_kib("-m", "transformer_mt", *args)
+    print(f"{command} with {claim}: peak {peak} KiB; importing torch: {torch_kib} KiB")
     assert len(stderr.splitlines()) == 1 and stderr.startswith("error: ") and str(crafted) in stderr
-    assert peak - baseline_kib < 32 * 1024, (peak, baseline_kib)
+    assert peak < LIMIT_KIB and peak < torch_kib / 2, (peak, torch_kib)
 
 
 def test_a_resume_into_another_model_is_refused_before_that_model_is_built(

@@ -215,11 +215,13 @@ class TensorHeader(_Inert):
     shape: tuple[int, ...]
     stride: tuple[int, ...]
 
-    def reach(self) -> int:
-        """How many elements of its storage the tensor spans (a view can claim a shape over a few)."""
+    def needs(self) -> int:
+        """How many elements its storage must hold: all of its own (a view with stride 0 could claim any
+        shape over one), and all that its strides reach."""
         if 0 in self.shape:
             return 0
-        return self.offset + 1 + sum((n - 1) * s for n, s in zip(self.shape, self.stride))
+        reach = self.offset + 1 + sum((n - 1) * s for n, s in zip(self.shape, self.stride))
+        return max(math.prod(self.shape), reach)
 
 
 def _ints(value: Any, length: int | None = None) -> tuple[int, ...]:
@@ -330,7 +332,7 @@ def check_tensor_headers(path: Path, field: str, weights: Any) -> None:
             raise wrong(path, where, _Name(type(tensor).__name__), "a tensor")
         if tensor.storage.dtype not in _FLOATING:
             raise wrong(path, f"{where}.dtype", tensor.storage.dtype, "a floating-point type")
-        if tensor.reach() > tensor.storage.numel:
+        if tensor.needs() > tensor.storage.numel:
             raise claims_more(path, where, tensor.shape, tensor.storage.numel * tensor.storage.element_size)
 
 

@@ -1,0 +1,136 @@
+"""A checkpoint's header is read without torch, and nothing in it runs: a real checkpoint reads as
+torch.load reads it, damaged bytes are corrupt, a pickle naming code is refused, and storages or tensors
+claiming more than the archive holds are refused (checkpoint_header.py). The files are the tiny trained
+run's, or torch.save's of it changed."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.conftest import ROOT
+from transformer_mt.checkpoint import BEST, LATEST, load_checkpoint, save_checkpoint
+from transformer_mt.checkpoint_header import TensorHeader, read_header
+from transformer_mt.checkpoint_paths import first_loadable
+from transformer_mt.errors import CheckpointError
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_run: Path) -> dict[str, Any]:
+    """The tiny run's best checkpoint, as torch loads it."""
+    return load_checkpoint(tiny_run / BEST)
+
+
+def test_a_real_checkpoint_reads_as_torch_loads_it(tiny_run: Path, trained: dict[str, Any]) -> None:
+    """Every checkpoint the run wrote (with optimizer and RNG state) passes; the header holds the same
+    model_config and each weight's shape."""
+    for path in sorted(tiny_run.glob("*.pt")):
+        header = read_header(path)
+        assert header["model_config"] == load_checkpoint(path)["model_config"]
+    header = read_header(tiny_run / BEST)
+    assert {name: t.shape for name, t in header["model"].items()} == {
+        name: tuple(t.shape) for name, t in trained["model"].items()}
+    assert all(isinstance(t, TensorHeader) for t in header["model"].values())
+
+
+def test_the_header_is_read_without_importing_torch(tiny_run: Path) -> None:
+    code = ("import sys; from transformer_mt.checkpoint_header import read_header; "
+            f"read_header({str(tiny_run / BEST)!r}); print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert done.stdout.strip() == "False"
+
+
+def test_random_bytes_are_corrupt(tmp_path: Path, tiny_run: Path) -> None:
+    generator = random.Random(0)
+    for n, size in enumerate([1, 100, 20_000] * 10):
+        path = tmp_path / f"random{n}.pt"
+        path.write_bytes(generator.randbytes(size))
+        with pytest.raises(CheckpointError, match="is corrupt or truncated"):
+            read_header(path)
+    good = (tiny_run / BEST).read_bytes()
+    at = good.index(b"\x80\x02}")  # the pickle inside the zip: one damaged byte
+    (tmp_path / "flipped.pt").write_bytes(good[:at + 3] + bytes([good[at + 3] ^ 0xFF]) + good[at + 4:])
+    with pytest.raises(CheckpointError, match="is corrupt or truncated"):
+        read_header(tmp_path / "flipped.pt")
+
+
+class _Payload:
+    """Would create a file when unpickled, if reading ran code."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # noqa: ANN204
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_pickle_naming_code_is_refused_without_running_it(tmp_path: Path,
+                                                             trained: dict[str, Any]) -> None:
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.pt"
+    torch.save({**trained, "config": _Payload(marker)}, evil)
+    with pytest.raises(CheckpointError, match=r"was refused: .*\(it names posix.system\)"):
+        read_header(evil)
+    assert not marker.exists()
+
+
+def _rewritten(source: Path, target: Path, change: dict[str, bytes]) -> Path:
+    """A copy of a checkpoint's archive with the entries named in `change` (by their name's end)
+    holding other bytes."""
+    with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w") as new:
+        for info in old.infolist():
+            ending = next((end for end in change if info.filename.endswith(end)), None)
+            new.writestr(info, change[ending] if ending else old.read(info))
+    return target
+
+
+def test_a_storage_smaller_than_its_tensors_claim_is_refused(tmp_path: Path, tiny_run: Path) -> None:
+    source = tiny_run / BEST
+    with zipfile.ZipFile(source) as archive:
+        largest = max((i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+        key = largest.filename.rsplit("/", 1)[1]
+        short = archive.read(largest)[:largest.file_size // 2]
+    path = _rewritten(source, tmp_path / "short.pt", {f"/data/{key}": short})
+    with pytest.raises(CheckpointError, match=rf"corrupt or truncated \(its storage '{key}' claims "
+                                              rf"[\d,]+ elements of torch.float32 over {len(short):,} bytes"):
+        read_header(path)
+
+
+def test_a_view_claiming_more_than_its_storage_is_refused(tmp_path: Path, trained: dict[str, Any]) -> None:
+    """A view with stride 0 gives any shape to a few bytes."""
+    weights = {name: torch.zeros(1).expand(t.shape) for name, t in trained["model"].items()}
+    path = tmp_path / "views.pt"
+    save_checkpoint({**trained, "model": weights}, path)
+    with pytest.raises(CheckpointError, match=r"model\['.*'\] claims shape .* over 4 bytes; the file is"):
+        read_header(path)
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("d_model", "big", "model_config.d_model is 'big', expected an integer"),
+    ("d_model", 20480, "model.d_model=20480 is out of range"),
+    ("d_model", 512, r"model_config describes model\['src_embed.weight'\] of shape \(\d+, 512\)"),
+    ("tgt_vocab_size", 10**7, "model_config.tgt_vocab_size is 10000000, expected"),
+])
+def test_a_model_config_that_does_not_fit_is_one_line(tmp_path: Path, trained: dict[str, Any], field: str,
+                                                      value: Any, message: str) -> None:
+    path = tmp_path / "claims.pt"
+    save_checkpoint({**trained, "model_config": {**trained["model_config"], field: value}}, path)
+    with pytest.raises(CheckpointError, match=message):
+        read_header(path)
+
+
+def test_a_run_whose_latest_checkpoint_is_damaged_resumes_from_the_previous(tiny_run_copy: Path) -> None:
+    """The header check of resume= tries the run's files as the loader does (checkpoint_paths)."""
+    latest = tiny_run_copy / LATEST
+    latest.unlink()  # a link to the newest numbered file: damage a copy of its own
+    latest.write_bytes(b"not a zip")
+    path, header = first_loadable(tiny_run_copy, read_header, warn=False)
+    assert path.name != LATEST and header["step"] > 0
