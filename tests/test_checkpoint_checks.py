@@ -37,6 +37,8 @@ TINY = ModelConfig(d_model=8, n_heads=2, d_ff=16, encoder_layers=1, decoder_laye
 # A config about 700 MB of float32 would take to build (176M parameters), for a vocabulary of a few words.
 LARGE = {"d_model": 1024, "n_heads": 8, "d_ff": 4096, "encoder_layers": 6, "decoder_layers": 6,
          "max_positions": 256}
+# Within every bound and with the weights' own d_model: layers and a feed-forward of 570M parameters.
+DEEP = {"d_ff": 65536, "encoder_layers": 256, "decoder_layers": 256}
 # The issue's claim: far past every bound.
 HUGE = {"d_model": 65536, "n_heads": 8, "d_ff": 65536, "encoder_layers": 100, "decoder_layers": 100,
         "src_vocab_size": 10_000_000, "tgt_vocab_size": 10_000_000}
@@ -262,7 +264,8 @@ def torch_kib() -> int:
 
 
 @pytest.mark.parametrize(("claim", "command"), [
-    (LARGE, "translate"), (HUGE, "translate"), (LARGE, "evaluate"), (LARGE, "init"), (LARGE, "resume"),
+    (LARGE, "translate"), (HUGE, "translate"), (DEEP, "translate"), (LARGE, "evaluate"), (LARGE, "init"),
+    (LARGE, "resume"),
 ])
 def test_a_crafted_checkpoint_claiming_a_huge_model_is_refused_in_little_memory(
         tmp_path: Path, state: dict[str, Any], torch_kib: int, claim: dict[str, int], command: str,

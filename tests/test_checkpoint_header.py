@@ -5,6 +5,7 @@ run's, or torch.save's of it changed."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import subprocess
@@ -20,7 +21,10 @@ from tests.conftest import ROOT
 from transformer_mt.checkpoint import BEST, LATEST, load_checkpoint, save_checkpoint
 from transformer_mt.checkpoint_header import TensorHeader, read_header
 from transformer_mt.checkpoint_paths import first_loadable
+from transformer_mt.config import ModelConfig
 from transformer_mt.errors import CheckpointError
+from transformer_mt.model import Transformer
+from transformer_mt.model_size import parameter_count
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +120,8 @@ def test_a_view_claiming_more_than_its_storage_is_refused(tmp_path: Path, traine
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("d_model", "big", "model_config.d_model is 'big', expected an integer"),
     ("d_model", 20480, "model.d_model=20480 is out of range"),
-    ("d_model", 512, r"model_config describes model\['src_embed.weight'\] of shape \(\d+, 512\)"),
+    ("d_model", 512, r"model_config describes a model of [\d,]+ parameters, its weights hold [\d,]+ \("),
+    ("encoder_layers", 256, r"model_config describes a model of [\d,]+ parameters, its weights hold"),
     ("tgt_vocab_size", 10**7, "model_config.tgt_vocab_size is 10000000, expected"),
 ])
 def test_a_model_config_that_does_not_fit_is_one_line(tmp_path: Path, trained: dict[str, Any], field: str,
@@ -125,6 +130,19 @@ def test_a_model_config_that_does_not_fit_is_one_line(tmp_path: Path, trained: d
     save_checkpoint({**trained, "model_config": {**trained["model_config"], field: value}}, path)
     with pytest.raises(CheckpointError, match=message):
         read_header(path)
+
+
+def test_the_parameter_count_of_a_config_is_the_built_models() -> None:
+    """model_size's count, which refuses a checkpoint before torch is imported, is the model's own, for
+    every choice that changes it."""
+    choices = itertools.product([True, False], [True, False], [True, False], ["learned", "sinusoidal"],
+                                [(1, 2), (3, 1)])
+    for tie, tie_output, norm_first, positional, (encoder, decoder) in choices:
+        config = ModelConfig(d_model=8, n_heads=2, d_ff=12, encoder_layers=encoder, decoder_layers=decoder,
+                             max_positions=20, tie_embeddings=tie, tie_output=tie_output,
+                             norm_first=norm_first, positional=positional)
+        sizes = (30, 30) if tie else (30, 25)
+        assert parameter_count(config, *sizes) == Transformer(config, *sizes).num_parameters(), config
 
 
 def test_a_run_whose_latest_checkpoint_is_damaged_resumes_from_the_previous(tiny_run_copy: Path) -> None:

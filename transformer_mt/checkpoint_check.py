@@ -32,11 +32,13 @@ from transformer_mt.checkpoint_header import (
     fits,
     model_config,
     refused,
+    size_mismatch,
     wrong,
 )
 from transformer_mt.config import ModelConfig
 from transformer_mt.errors import CheckpointError
 from transformer_mt.model import Transformer
+from transformer_mt.model_size import parameter_count
 from transformer_mt.rules import CHOICES, SPECIAL_TOKENS
 from transformer_mt.tokenizer import PAD_ID, Vocabulary
 
@@ -130,7 +132,6 @@ def check_weights(path: Path, config: ModelConfig, sizes: tuple[int, int], weigh
                    if name in weights and weights[name].shape != want.shape]
     if not (missing or unexpected or wrong_shape):
         return
-    claimed = sum(t.numel() for t in _distinct(expected))
     held = sum(t.numel() for t in _distinct(weights))
     if wrong_shape:
         name = wrong_shape[0]
@@ -138,9 +139,7 @@ def check_weights(path: Path, config: ModelConfig, sizes: tuple[int, int], weigh
                   f"{tuple(expected[name].shape)}")
     else:
         detail = f"{field} lacks {missing[0]!r}" if missing else f"{field} has an unknown {unexpected[0]!r}"
-    raise CheckpointError(f"checkpoint {path}: model_config describes a model of {claimed:,} parameters, "
-                          f"its weights hold {held:,} ({detail}); the file is damaged or assembled from "
-                          "different runs")
+    raise size_mismatch(path, parameter_count(config, *sizes), held, detail)
 
 
 class _NoRandomFill(TorchFunctionMode):
@@ -170,10 +169,11 @@ def _meta_weights(path: Path, config: ModelConfig, sizes: tuple[int, int]) -> di
 
 
 def _distinct(weights: dict[str, Any]) -> list[Any]:
-    """Each tensor once (tied weights appear under several names)."""
-    seen: dict[int, Any] = {}
+    """Each tensor once: tied weights appear under several names, each a tensor of its own after loading,
+    over one storage."""
+    seen: dict[tuple[int, int], Any] = {}
     for tensor in weights.values():
-        seen.setdefault(id(tensor), tensor)
+        seen.setdefault((tensor.untyped_storage().data_ptr(), tensor.storage_offset()), tensor)
     return list(seen.values())
 
 

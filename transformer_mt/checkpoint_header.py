@@ -7,8 +7,8 @@ the zip archive torch.save writes, its pickle read by an unpickler that builds i
 tensors and storages and refuses every other global, so that nothing in the file runs. The header then
 must hold the entries the loader reads, of their types and bounds (the field rules below, which
 `checkpoint_check` applies after torch's own load too), every storage as many bytes as its tensors
-claim, and embeddings of the shapes model_config states. This module imports neither torch nor a
-module that does (tests/test_layout.py).
+claim, and no fewer parameters than model_config implies (model_size.py). This module imports neither
+torch nor a module that does (tests/test_checkpoint_header.py).
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from typing import Any
 from transformer_mt.checkpoint_paths import resolve_checkpoint
 from transformer_mt.config import ModelConfig
 from transformer_mt.errors import CheckpointError
+from transformer_mt.model_size import parameter_count
 from transformer_mt.rules import RANGES, SPECIAL_TOKENS
 
 FORMAT_VERSION = 1
@@ -32,8 +33,6 @@ TRAINED = "trained_model"  # with EMA on, `model` is the average and this the tr
 REQUIRED = ("format_version", "model_config", "model", "tokenizer", "config")
 WEIGHTS = ("model", TRAINED)  # the entries that hold a model's weights
 PAD_ID = SPECIAL_TOKENS.index("<pad>")
-# The token embeddings' names in a model's state dict (model/transformer.py): (vocabulary, d_model) each.
-EMBEDDINGS = {"src_embed.weight": "src_vocab_size", "tgt_embed.weight": "tgt_vocab_size"}
 _TYPES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a mapping",
           list: "a list"}
 _SIZES = ("src_vocab_size", "tgt_vocab_size")
@@ -69,6 +68,13 @@ def claims_more(path: Path, where: str, shape: tuple[int, ...], nbytes: int) -> 
     """The one-line error for a tensor claiming more elements than its storage holds."""
     return CheckpointError(f"checkpoint {path}: {where} claims shape {shape} over {nbytes} bytes; "
                            "the file is damaged")
+
+
+def size_mismatch(path: Path, claimed: int, held: int, detail: str) -> CheckpointError:
+    """The one-line error for weights that do not make the model model_config describes."""
+    return CheckpointError(f"checkpoint {path}: model_config describes a model of {claimed:,} parameters, "
+                           f"its weights hold {held:,} ({detail}); the file is damaged or assembled from "
+                           "different runs")
 
 
 def _shown(value: Any) -> str:
@@ -336,21 +342,15 @@ def check_tensor_headers(path: Path, field: str, weights: Any) -> None:
             raise claims_more(path, where, tensor.shape, tensor.storage.numel * tensor.storage.element_size)
 
 
-def check_embeddings(path: Path, state: dict[str, Any], config: ModelConfig, sizes: dict[str, int]) -> None:
-    """The token embeddings have the shapes model_config states, (vocabulary, d_model): a config claiming
-    a larger model than the file holds is refused here, before torch builds even its shapes."""
+def check_size(path: Path, state: dict[str, Any], config: ModelConfig, sizes: tuple[int, int]) -> None:
+    """model_config claims no more parameters than each weights entry holds (its storages' elements, each
+    checked against the archive): a small file claiming a huge model is refused before torch is imported."""
+    claimed = parameter_count(config, *sizes)
     for field in WEIGHTS:
-        for name, size_key in EMBEDDINGS.items():
-            if field not in state:
-                continue
-            want = (sizes[size_key], config.d_model)
-            tensor = state[field].get(name)
-            held = "nothing" if tensor is None else str(tensor.shape)
-            if tensor is None or tensor.shape != want:
-                raise CheckpointError(
-                    f"checkpoint {path}: model_config describes {field}[{name!r}] of shape {want} "
-                    f"(model_config.{size_key}, d_model), the file holds {held}; the file is damaged or "
-                    "assembled from different runs")
+        if field in state:
+            held = sum({t.storage.key: t.storage.numel for t in state[field].values()}.values())
+            if claimed > held:
+                raise size_mismatch(path, claimed, held, f"counted in the storages of {field}")
 
 
 def read_header(path: str | Path) -> dict[str, Any]:
@@ -362,7 +362,7 @@ def read_header(path: str | Path) -> dict[str, Any]:
     _check_storages(path, storages, sizes)
     check_entries(path, state, check_tensor_headers)
     config, src_size, tgt_size = model_config(path, state)
-    check_embeddings(path, state, config, {"src_vocab_size": src_size, "tgt_vocab_size": tgt_size})
+    check_size(path, state, config, (src_size, tgt_size))
     return state
 
 
