@@ -96,6 +96,16 @@ def _rewritten(source: Path, target: Path, change: dict[str, bytes]) -> Path:
     return target
 
 
+def test_a_compressed_archive_is_corrupt(tmp_path: Path, tiny_run: Path) -> None:
+    """torch.save never compresses; a compressed entry could unpack to far more than the file holds."""
+    path = tmp_path / "deflated.pt"
+    with zipfile.ZipFile(tiny_run / BEST) as old, zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as new:
+        for info in old.infolist():
+            new.writestr(info.filename, old.read(info))
+    with pytest.raises(CheckpointError, match=r"corrupt or truncated \(compressed entries"):
+        read_header(path)
+
+
 def test_a_storage_smaller_than_its_tensors_claim_is_refused(tmp_path: Path, tiny_run: Path) -> None:
     source = tiny_run / BEST
     with zipfile.ZipFile(source) as archive:

@@ -303,6 +303,9 @@ def _unpickled(path: Path) -> tuple[Any, list[StorageHeader], dict[str, int]]:
             pickled = [i for i in archive.infolist() if i.filename.endswith("/data.pkl")]
             if len(pickled) != 1:
                 raise pickle.UnpicklingError("no data.pkl in the archive")
+            if any(i.compress_type != zipfile.ZIP_STORED for i in archive.infolist()):
+                # torch.save stores; a compressed entry could unpack to far more than the file's size
+                raise pickle.UnpicklingError("compressed entries, which torch.save never writes")
             folder = pickled[0].filename[:-len("data.pkl")]
             with archive.open(pickled[0]) as file:
                 unpickler = _HeaderUnpickler(file)
@@ -356,7 +359,7 @@ def check_size(path: Path, state: dict[str, Any], config: ModelConfig, sizes: tu
 def read_header(path: str | Path) -> dict[str, Any]:
     """The checkpoint's contents with stand-ins for tensors (TensorHeader), read without torch and
     checked: the archive, the pickle (no code), the entries and model_config, the storages' sizes and
-    the embeddings' shapes. CheckpointError in one line if any is wrong."""
+    the parameters model_config claims. CheckpointError in one line if any is wrong."""
     path = existing(path)
     state, storages, sizes = _unpickled(path)
     _check_storages(path, storages, sizes)
