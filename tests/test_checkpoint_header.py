@@ -24,7 +24,7 @@ from transformer_mt.checkpoint_paths import first_loadable
 from transformer_mt.config import ModelConfig
 from transformer_mt.errors import CheckpointError
 from transformer_mt.model import Transformer
-from transformer_mt.model_size import parameter_count
+from transformer_mt.parameter_count import parameter_count
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +143,7 @@ def test_a_model_config_that_does_not_fit_is_one_line(tmp_path: Path, trained: d
 
 
 def test_the_parameter_count_of_a_config_is_the_built_models() -> None:
-    """model_size's count, which refuses a checkpoint before torch is imported, is the model's own, for
+    """parameter_count's count, which refuses a checkpoint before torch is imported, is the model's own, for
     every choice that changes it."""
     choices = itertools.product([True, False], [True, False], [True, False], ["learned", "sinusoidal"],
                                 [(1, 2), (3, 1)])

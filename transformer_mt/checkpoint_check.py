@@ -38,7 +38,7 @@ from transformer_mt.checkpoint_header import (
 from transformer_mt.config import ModelConfig
 from transformer_mt.errors import CheckpointError
 from transformer_mt.model import Transformer
-from transformer_mt.model_size import parameter_count
+from transformer_mt.parameter_count import parameter_count
 from transformer_mt.rules import CHOICES, SPECIAL_TOKENS
 from transformer_mt.tokenizer import PAD_ID, Vocabulary
 

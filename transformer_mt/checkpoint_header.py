@@ -7,7 +7,7 @@ the zip archive torch.save writes, its pickle read by an unpickler that builds i
 tensors and storages and refuses every other global, so that nothing in the file runs. The header then
 must hold the entries the loader reads, of their types and bounds (the field rules below, which
 `checkpoint_check` applies after torch's own load too), every storage as many bytes as its tensors
-claim, and no fewer parameters than model_config implies (model_size.py). This module imports neither
+claim, and no fewer parameters than model_config implies (parameter_count.py). This module imports neither
 torch nor a module that does (tests/test_checkpoint_header.py).
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 from transformer_mt.checkpoint_paths import resolve_checkpoint
 from transformer_mt.config import ModelConfig
 from transformer_mt.errors import CheckpointError
-from transformer_mt.model_size import parameter_count
+from transformer_mt.parameter_count import parameter_count
 from transformer_mt.rules import RANGES, SPECIAL_TOKENS
 
 FORMAT_VERSION = 1
