@@ -170,7 +170,7 @@ def _check_headers(command: str, typed: Any) -> None:
     if command == "train":
         if typed.init:
             check_parent(typed.init)
-    elif typed.checkpoint:
+    elif typed.checkpoint and getattr(typed, "engine", "pytorch") == "pytorch":  # (not an exported model)
         check_checkpoints(typed.checkpoint, ensemble=command in ENSEMBLE_COMMANDS)
 
 
