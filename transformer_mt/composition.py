@@ -26,6 +26,7 @@ from transformer_mt.config import (
     CONFIG_DIR,
     SCHEMAS,
     ConfigError,
+    EngineConfig,
     validate,
 )
 from transformer_mt.overrides import (
@@ -166,11 +167,12 @@ def _checked(command: str, overrides: Sequence[str], job_num: int | None,
 def _check_headers(command: str, typed: Any) -> None:
     """The checkpoints a job reads, checked from their headers before anything imports torch (whose
     import alone takes some 280 MiB): a crafted file claiming a huge model is refused at little cost.
-    The loader checks them again, and their weights, when the job runs."""
+    The loader checks them again, and their weights, when the job runs; engine=ctranslate2 reads an
+    exported model_dir instead."""
     if command == "train":
         if typed.init:
             check_parent(typed.init)
-    elif typed.checkpoint and getattr(typed, "engine", "pytorch") == "pytorch":  # (not an exported model)
+    elif typed.checkpoint and not (isinstance(typed, EngineConfig) and typed.engine == "ctranslate2"):
         check_checkpoints(typed.checkpoint, ensemble=command in ENSEMBLE_COMMANDS)
 
 
