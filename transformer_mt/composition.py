@@ -134,7 +134,8 @@ def precheck(command: str, args: Sequence[str]) -> list[Any]:
     multirun, printing = bool(MULTIRUN_FLAGS & set(flags)), bool({"--cfg", "-c"} & set(flags))
     checked: list[Any] = []
     for job, variant in enumerate(variants):
-        cfg, typed = _checked(command, variant, job if multirun else None, complete=not printing)
+        cfg, typed = _checked(command, variant, job if multirun else None, complete=not printing,
+                              headers=not printing)
         _run_files_together(typed, cfg)
         if command == "train" and not printing:
             _run_directory_free(typed)
@@ -146,16 +147,17 @@ def precheck(command: str, args: Sequence[str]) -> list[Any]:
     return checked
 
 
-def _checked(command: str, overrides: Sequence[str], job_num: int | None,
-             complete: bool = True) -> tuple[DictConfig, Any]:
-    """The composed config and its validated typed form, or ConfigError with one line."""
+def _checked(command: str, overrides: Sequence[str], job_num: int | None, complete: bool = True,
+             headers: bool = False) -> tuple[DictConfig, Any]:
+    """The composed config and its validated typed form, or ConfigError with one line; with `headers`
+    (the command line's check), the checkpoints it names checked from their headers too."""
     try:
         cfg = compose_hydra(command, overrides, job_num)
     except Exception as ex:  # noqa: BLE001 - composition errors come in many classes
         raise ConfigError(explain_composition_error(ex)) from ex
     typed = to_dataclass(cfg, SCHEMAS[command])
     validate(typed, complete)
-    if complete:
+    if headers:
         _check_headers(command, typed)
     if command == "train" and typed.init:  # fine-tuning: the parent's model, tokenizer and languages
         from transformer_mt import finetune
