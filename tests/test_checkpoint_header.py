@@ -133,6 +133,7 @@ def test_a_view_claiming_more_than_its_storage_is_refused(tmp_path: Path, traine
     ("d_model", 512, r"model_config describes a model of [\d,]+ parameters, its weights hold [\d,]+ \("),
     ("encoder_layers", 256, r"model_config describes a model of [\d,]+ parameters, its weights hold"),
     ("tgt_vocab_size", 10**7, "model_config.tgt_vocab_size is 10000000, expected"),
+    ("max_positions", 16384, r"max_positions=16384 × d_model=\d+ asks for a table of [\d,]+ positional"),
 ])
 def test_a_model_config_that_does_not_fit_is_one_line(tmp_path: Path, trained: dict[str, Any], field: str,
                                                       value: Any, message: str) -> None:

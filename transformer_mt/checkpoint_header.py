@@ -349,11 +349,19 @@ def check_size(path: Path, state: dict[str, Any], config: ModelConfig, sizes: tu
     """model_config claims no more parameters than each weights entry holds (its storages' elements, each
     checked against the archive): a small file claiming a huge model is refused before torch is imported."""
     claimed = parameter_count(config, *sizes)
+    # Sinusoidal positions are computed, not stored: without this bound a file holding a small model
+    # could still make the loader build a table of max_positions × d_model values (up to 1 GiB).
+    table = config.max_positions * config.d_model if config.positional != "learned" else 0
     for field in WEIGHTS:
         if field in state:
             held = sum({t.storage.key: t.storage.numel for t in state[field].values()}.values())
             if claimed > held:
                 raise size_mismatch(path, claimed, held, f"counted in the storages of {field}")
+            if table > held:
+                raise CheckpointError(
+                    f"checkpoint {path}: model_config's max_positions={config.max_positions} × "
+                    f"d_model={config.d_model} asks for a table of {table:,} positional values, more than "
+                    f"the {held:,} weights the file holds; the file is damaged or crafted")
 
 
 def read_header(path: str | Path) -> dict[str, Any]:
