@@ -20,7 +20,8 @@ FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.MULTILINE | re.DOTALL)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t]*#*[ \t]*$", re.MULTILINE)
 REPO_PATH = re.compile(r"(?<![\w/.-])((?:transformer_mt|scripts|tests|configs|docs)/[\w./-]*[\w/])")
-HISTORY = re.compile(r"\bissue\s*#?\d+|\bsessions?\b", re.IGNORECASE)
+HISTORY = re.compile(r"\bissue\s*#?\d+|\bsessions?\b|\btoday\b|\ban hour later\b"
+                     r"|\b(?:earlier|another|a second|a third|a fourth|a fifth) day\b", re.IGNORECASE)
 FIGURE = re.compile(r"(?<![\w.,])\d+(?:[.,]\d+)+(?![\w.,]*\d)")
 
 
