@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from transformer_mt.checkpoint import (
+from transformer_mt.checkpoints.store import (
     CheckpointError,
     average_checkpoints,
     numbered_checkpoints,

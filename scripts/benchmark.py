@@ -55,14 +55,14 @@ from training_speed import (  # beside this script
 )
 
 import transformer_mt as tmt
-from transformer_mt.checkpoint import BEST, build_model
+from transformer_mt.checkpoints.store import BEST, build_model
 from transformer_mt.config import ModelConfig, TrainConfig, UserError
 from transformer_mt.data import Batch, PreparedData, prepare_data
+from transformer_mt.data.tokenizer import PAD_ID
 from transformer_mt.model.reference import TorchReference
-from transformer_mt.runtime import pad_to_multiple, precision
+from transformer_mt.runtime.device import pad_to_multiple, precision
 from transformer_mt.tables import markdown_table
-from transformer_mt.throughput import real_batches, time_training, training_flops
-from transformer_mt.tokenizer import PAD_ID
+from transformer_mt.training.throughput import real_batches, time_training, training_flops
 
 
 @dataclasses.dataclass
@@ -234,7 +234,7 @@ def run_child(mode: str, cfg: TrainConfig, checkpoint: Path | None) -> None:
         batches = real_batches(data, cfg.training.batch_tokens, cfg.seed, 6)
         time_training(build_model(cfg.model, data.vocab), batches, torch.device("cpu"))
     else:
-        from transformer_mt.translator import Translator
+        from transformer_mt.decoding.translator import Translator
 
         engine = Translator.from_checkpoint(checkpoint, device="cpu")
         engine.translate(run_test_pairs(engine, 300)[0])

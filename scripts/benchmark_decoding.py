@@ -27,9 +27,9 @@ from timing import best_of_rounds, load_warning, machine, native_bf16  # beside 
 from transformer_mt.config import DecodingConfig
 from transformer_mt.data import load_split_tsv
 from transformer_mt.data.split import SPLIT_DIR
-from transformer_mt.metrics import score
+from transformer_mt.decoding.metrics import score
+from transformer_mt.decoding.translator import Translator
 from transformer_mt.tables import markdown_table
-from transformer_mt.translator import Translator
 
 
 def run_test_pairs(engine: Translator, n: int) -> tuple[list[str], list[str]]:
@@ -43,7 +43,7 @@ def time_decoding(engine: Translator, sources: list[str],
                   rounds: int) -> dict[str, tuple[float, list[str]]]:
     """Best seconds and the translations of `sources` with each (decoding, autocast dtype) setting of a
     Translator."""
-    from transformer_mt.runtime import Precision
+    from transformer_mt.runtime.device import Precision
 
     def runner(decoding: DecodingConfig, dtype: torch.dtype | None) -> Callable[[], list[str]]:
         def run() -> list[str]:
@@ -89,7 +89,7 @@ def ct2_speeds(checkpoint: Path, sources: list[str], refs: list[str], beam5_bleu
     try:
         import ctranslate2  # noqa: F401
 
-        from transformer_mt.ct2 import CT2Translator, export_ctranslate2
+        from transformer_mt.decoding.ct2 import CT2Translator, export_ctranslate2
     except ImportError:
         return {"ct2_int8_beam5_sent_s": None, "ct2_bleu_delta": None}
     results: dict[str, float] = {}

@@ -14,8 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from transformer_mt.records import RESULT
 from transformer_mt.tables import markdown_table
+from transformer_mt.training.records import RESULT
 
 HEADER = ["direction", "checkpoint", "search", "BLEU", "chrF", "CER", "WER", "sentences", "sent/s",
           "train min"]

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from transformer_mt.runtime import cpu_flags, cpu_native_bf16
-from transformer_mt.throughput import synchronize
+from transformer_mt.runtime.device import cpu_flags, cpu_native_bf16
+from transformer_mt.training.throughput import synchronize
 
 # The CPU features that decide our speed: vector width, bf16 and int8 arithmetic.
 FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")

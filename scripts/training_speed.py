@@ -19,11 +19,11 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from transformer_mt import runtime
-from transformer_mt.checkpoint import build_model
+from transformer_mt.checkpoints.store import build_model
 from transformer_mt.config import ModelConfig, TrainConfig
 from transformer_mt.data import Batch, PreparedData, TokenBatchSampler
-from transformer_mt.throughput import real_batches, synchronize, time_training
+from transformer_mt.runtime import device as runtime
+from transformer_mt.training.throughput import real_batches, synchronize, time_training
 
 
 def fastest(models: dict[str, tuple[nn.Module, torch.dtype | None]], batches: list[Batch],
@@ -92,14 +92,14 @@ class ShortEpochs:
 
 def short_trainer(cfg: TrainConfig, run_dir: Path, n_batches: int, epochs: int, amp: str) -> Any:
     """The real Trainer in run_dir, for `epochs` epochs of `n_batches` batches each (`trainer.epochs`)."""
-    from transformer_mt.trainer import Trainer
+    from transformer_mt.jobs.train import build_trainer
 
     sub = dataclasses.replace(
         cfg, checkpoint=dataclasses.replace(cfg.checkpoint, dir=str(run_dir)),
         device=dataclasses.replace(cfg.device, amp=amp),
         training=dataclasses.replace(cfg.training, epochs=epochs, average_last=0, max_minutes=None,
                                      progress=False))
-    trainer = Trainer(sub, run_dir)
+    trainer = build_trainer(sub, run_dir)
     trainer.epochs = ShortEpochs(trainer.epochs, n_batches)
     return trainer
 
@@ -108,8 +108,9 @@ def host_reads(cfg: TrainConfig, n_batches: int, amp: str) -> dict[str, Any]:
     """The host's reads of the device per optimizer step over one epoch of the real loop, as a GPU would
     make them: on the CPU the model's free reads are switched off (`attention.FREE_READS`), so the count is
     that of a GPU's code paths. Where they happen, so that a new one is easy to find."""
+    from host_reads import HostReads
+
     from transformer_mt.model import attention
-    from transformer_mt.runtime import HostReads
 
     free = attention.FREE_READS
     attention.FREE_READS = ()

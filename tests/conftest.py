@@ -4,6 +4,7 @@ a user would (a subprocess)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -29,6 +30,14 @@ ROOT = Path(__file__).resolve().parents[1]
 CORPORA = (ROOT.parent / "shared" / "data" / "fra-eng.zip", ROOT / "data" / "fra-eng.zip")
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 FIXTURES = ROOT / "tests" / "fixtures"
+
+
+def script_module(name: str) -> Any:
+    """A module of scripts/ by name (scripts/<name>.py), imported as the scripts import their siblings."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def under_ci() -> bool:
@@ -145,7 +154,7 @@ def tiny_run_copy(tiny_run: Path, tmp_path: Path) -> Path:
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_run: Path) -> Any:
     """The tiny run's Translator in float32 (a barely trained model has near ties that bf16 could break)."""
-    from transformer_mt.translator import Translator
+    from transformer_mt.decoding.translator import Translator
 
     return Translator.from_checkpoint(tiny_run, device="cpu", amp="off")
 

@@ -11,11 +11,11 @@ import torch
 
 import transformer_mt as tmt
 from tests.conftest import held_out_pairs, run_cli
-from transformer_mt.alignment import pharaoh, source_words, target_words, word_alignment
 from transformer_mt.config import DecodingConfig, TokenizerConfig
-from transformer_mt.scoring import forced_attention
-from transformer_mt.tokenizer import train_tokenizers
-from transformer_mt.translator import Translator, decode_ids
+from transformer_mt.data.tokenizer import train_tokenizers
+from transformer_mt.decoding.alignment import pharaoh, source_words, target_words, word_alignment
+from transformer_mt.decoding.scoring import forced_attention
+from transformer_mt.decoding.translator import Translator, decode_ids
 
 ODD = ["He is sleeping.", "Where is  the station?", "Tom\u00a0ate  an   apple, didn't he?", " café au lait "]
 

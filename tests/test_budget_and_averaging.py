@@ -13,7 +13,7 @@ import torch
 
 import transformer_mt as tmt
 from tests.conftest import ROOT, smoke_overrides, tiny_overrides
-from transformer_mt.checkpoint import (
+from transformer_mt.checkpoints.store import (
     CheckpointError,
     average_checkpoints,
     load_checkpoint,
@@ -21,8 +21,8 @@ from transformer_mt.checkpoint import (
     save_checkpoint,
 )
 from transformer_mt.config import TrainingConfig
-from transformer_mt.optim import lr_lambda
-from transformer_mt.trainer import Trainer
+from transformer_mt.jobs.train import build_trainer
+from transformer_mt.training.optim import lr_lambda
 
 
 def _records(run_dir: Path) -> list[dict]:
@@ -53,7 +53,7 @@ def test_noam_ignores_the_clock() -> None:
 
 def test_one_rule_decides_what_is_better() -> None:
     """Best tracking (strictly better) and checkpoint averaging (not worse) ask the same function."""
-    from transformer_mt.metrics import improves
+    from transformer_mt.decoding.metrics import improves
 
     assert improves("bleu", 30.0, None) and improves("bleu", 30.1, 30.0) and not improves("bleu", 29.9, 30.0)
     assert improves("loss", 1.9, 2.0) and not improves("loss", 2.1, 2.0)
@@ -140,7 +140,7 @@ def test_time_budget_stops_cleanly_with_a_checkpoint(tmp_path: Path, corpus: Pat
         "training.epochs": 1000, "training.max_minutes": 0.1, "training.scheduler": "linear",
         "training.warmup_steps": warmup}))
     with caplog.at_level("INFO"):
-        Trainer(cfg, run_dir, clock=FakeClock(0.25)).fit()  # 6 s of budget: about 24 readings
+        build_trainer(cfg, run_dir, clock=FakeClock(0.25)).fit()  # 6 s of budget: about 24 readings
     assert "time budget of 0.1 minutes reached" in caplog.text
     state = load_checkpoint(run_dir / "latest.pt")
     assert 6 <= state["train_seconds"] < 30 and state["epoch"] < 1000  # stopped on the clock it saved
@@ -154,7 +154,7 @@ def test_resumed_past_the_budget_it_validates_where_the_run_would_have(tmp_path:
     run_dir = tmp_path / "run"
     overrides = tiny_overrides(corpus, run_dir, **{
         "training.epochs": 1000, "training.max_minutes": 0.1, "training.scheduler": "linear"})
-    Trainer(tmt.compose("train", overrides), run_dir, overrides, clock=FakeClock(0.25)).fit()
+    build_trainer(tmt.compose("train", overrides), run_dir, overrides, clock=FakeClock(0.25)).fit()
     state = load_checkpoint(run_dir / "latest.pt")
     state["validated"] = False
     earlier = [r for r in _records(run_dir) if r["step"] != state["step"]]  # that validation never ran

@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from tests.conftest import ROOT
-from transformer_mt import finetune
-from transformer_mt.checkpoint import (
+from transformer_mt.checkpoints.store import (
     average_checkpoints,
     build_model,
     load_checkpoint,
@@ -28,8 +27,9 @@ from transformer_mt.checkpoint import (
     saved_overrides,
 )
 from transformer_mt.config import ModelConfig, TokenizerConfig
+from transformer_mt.data.tokenizer import Vocabulary, train_tokenizers
 from transformer_mt.errors import CheckpointError
-from transformer_mt.tokenizer import Vocabulary, train_tokenizers
+from transformer_mt.training import finetune
 
 SOURCES = ["the cat sat", "a dog ran", "the dog sat down", "a cat ran away"]
 TARGETS = ["le chat", "un chien", "le chien", "un chat"]

@@ -18,13 +18,13 @@ import pytest
 import torch
 
 from tests.conftest import ROOT
-from transformer_mt.checkpoint import BEST, LATEST, load_checkpoint, save_checkpoint
-from transformer_mt.checkpoint_header import TensorHeader, read_header
-from transformer_mt.checkpoint_paths import first_loadable
+from transformer_mt.checkpoints.header import TensorHeader, read_header
+from transformer_mt.checkpoints.parameter_count import parameter_count
+from transformer_mt.checkpoints.paths import first_loadable
+from transformer_mt.checkpoints.store import BEST, LATEST, load_checkpoint, save_checkpoint
 from transformer_mt.config import ModelConfig
 from transformer_mt.errors import CheckpointError
 from transformer_mt.model import Transformer
-from transformer_mt.parameter_count import parameter_count
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def test_a_real_checkpoint_reads_as_torch_loads_it(tiny_run: Path, trained: dict
 
 
 def test_the_header_is_read_without_importing_torch(tiny_run: Path) -> None:
-    code = ("import sys; from transformer_mt.checkpoint_header import read_header; "
+    code = ("import sys; from transformer_mt.checkpoints.header import read_header; "
             f"read_header({str(tiny_run / BEST)!r}); print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert done.stdout.strip() == "False"

@@ -8,8 +8,8 @@ import pytest
 
 from tests.conftest import run_cli
 from transformer_mt.cli import main
-from transformer_mt.composition import explain_composition_error
 from transformer_mt.errors import ConfigError
+from transformer_mt.jobs.composition import explain_composition_error
 
 
 def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
@@ -65,7 +65,7 @@ def test_checkpoint_dir_and_another_hydra_run_dir_fail_at_start(
 def test_a_checkpoint_dir_through_a_link_is_fine(tmp_path: Path) -> None:
     """A directory reached through a link is the same directory: the run's files stay together, and the
     check that keeps them together compares directories, not their spellings."""
-    from transformer_mt.composition import compose_hydra
+    from transformer_mt.jobs.composition import compose_hydra
 
     (tmp_path / "disk").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "disk")

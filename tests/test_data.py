@@ -36,7 +36,7 @@ from transformer_mt.data import cache as cache_mod
 from transformer_mt.data.cache import held_out_pairs, sample_indices
 from transformer_mt.data.corpora import Skipped, locate
 from transformer_mt.data.split import TEST, TRAIN, VALID, assign, sentence_key
-from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 OPUS_FIXTURE = Path(__file__).resolve().parent / "fixtures/opus_books_en_fr.jsonl"
 

@@ -9,8 +9,8 @@ import pytest
 import transformer_mt as tmt
 from tests.conftest import run_cli, smoke_overrides
 from transformer_mt.data import load_split_tsv
+from transformer_mt.decoding.translator import Translator
 from transformer_mt.errors import ConfigError
-from transformer_mt.translator import Translator
 
 SENTENCES = ["He is sleeping.", "I am cold.", "Where is the station?"]
 

@@ -14,10 +14,10 @@ import torch
 
 import transformer_mt as tmt
 from tests.conftest import ROOT, tiny_overrides
-from transformer_mt import distributed, loss
-from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.checkpoints.store import load_checkpoint
 from transformer_mt.cli import main
 from transformer_mt.data import TokenBatchSampler, collate
+from transformer_mt.training import distributed, loss
 
 # Dropout off: ranks draw their own dropout masks, one process draws them in another order.
 # One thread: a matrix product may sum in another order with another thread count.

@@ -10,13 +10,14 @@ import torch
 
 import transformer_mt as tmt
 from tests.conftest import smoke_overrides
-from transformer_mt.checkpoint import TRAINED, UPDATES, average_checkpoints, load_checkpoint
+from transformer_mt.checkpoints.store import TRAINED, UPDATES, average_checkpoints, load_checkpoint
 from transformer_mt.config import ModelConfig
-from transformer_mt.ema import WeightAverage, warmed_up_decay
+from transformer_mt.config.overrides import with_resumed_overrides
+from transformer_mt.jobs.train import build_trainer
 from transformer_mt.model import Transformer
-from transformer_mt.overrides import with_resumed_overrides
-from transformer_mt.trainer import Trainer
-from transformer_mt.validation import validation_loss
+from transformer_mt.training.ema import WeightAverage, warmed_up_decay
+from transformer_mt.training.trainer import Trainer
+from transformer_mt.training.validation import validation_loss
 
 
 def _tiny_model(seed: int) -> Transformer:
@@ -71,7 +72,7 @@ def ema_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
 
 def _resumed_trainer(checkpoint: Path, run_dir: Path, *overrides: str) -> Trainer:
     replayed = with_resumed_overrides([f"resume={checkpoint}", *overrides])
-    return Trainer(tmt.compose("train", replayed), run_dir)
+    return build_trainer(tmt.compose("train", replayed), run_dir)
 
 
 def test_a_run_with_ema_validates_and_saves_the_average(ema_run: Path, tmp_path: Path) -> None:

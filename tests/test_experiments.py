@@ -8,8 +8,8 @@ import pytest
 
 import transformer_mt as tmt
 from tests.conftest import FIXTURES
-from transformer_mt import plan as planning
-from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.checkpoints.store import load_checkpoint
+from transformer_mt.plan import decide
 
 EXPERIMENTS = sorted(p.stem for p in (Path(__file__).parents[1] / "configs" / "experiment").glob("*.yaml"))
 
@@ -24,7 +24,7 @@ def test_recipe_composes(experiment: str) -> None:
     if experiment.startswith("tatoeba_cpu"):
         assert cfg.training.max_minutes == 40.0
     if experiment == "tatoeba_cpu":  # planned: it sets nothing the plan would choose
-        assert cfg.training.plan == "auto" and planning.chosen_by_you(cfg, []) == set()
+        assert cfg.training.plan == "auto" and decide.chosen_by_you(cfg, []) == set()
     if experiment == "tatoeba_cpu_tuned":
         assert cfg.training.plan == "off" and cfg.training.scheduler == "linear"
     if experiment.endswith("_gpu"):

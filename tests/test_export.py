@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import transformer_mt as tmt
 from tests.conftest import run_cli
-from transformer_mt.checkpoint import build_model, model_spec, save_checkpoint
+from transformer_mt.checkpoints.store import build_model, model_spec, save_checkpoint
 from transformer_mt.config import (
     ConfigError,
     DatasetConfig,
@@ -24,14 +24,14 @@ from transformer_mt.config import (
 )
 from transformer_mt.data import collate, load_pairs
 from transformer_mt.data.cache import sample_indices
+from transformer_mt.data.tokenizer import PAD_ID, train_tokenizers
+from transformer_mt.decoding.search import alignment
+from transformer_mt.decoding.translator import Translator
 from transformer_mt.model import Transformer
-from transformer_mt.search import alignment
-from transformer_mt.tokenizer import PAD_ID, train_tokenizers
-from transformer_mt.translator import Translator
 
 pytest.importorskip("ctranslate2")
 
-from transformer_mt.ct2 import CT2Translator, ExportError, export_ctranslate2  # noqa: E402
+from transformer_mt.decoding.ct2 import CT2Translator, ExportError, export_ctranslate2  # noqa: E402
 
 N_PAIRS = 300
 GREEDY = DecodingConfig(beam_size=1)

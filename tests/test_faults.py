@@ -14,7 +14,7 @@ import torch
 
 import transformer_mt as tmt
 from tests.conftest import ROOT, run_cli, smoke_overrides, tiny_overrides, wait_until
-from transformer_mt.checkpoint import TRAINED, CheckpointError, load_checkpoint, load_latest_good
+from transformer_mt.checkpoints.store import TRAINED, CheckpointError, load_checkpoint, load_latest_good
 
 FAULT_RUN = {"training.save_every_steps": 1, "training.log_every": 1, "dataset.max_pairs": 400,
              "training.valid_max_sentences": 10, "training.batch_tokens": 768}
@@ -151,7 +151,7 @@ def test_a_resumed_run_reads_its_checkpoint_once(reference_run: Path, tmp_path: 
                                                   caplog: pytest.LogCaptureFixture) -> None:
     """The command line reads only the run's overrides from the checkpoint (its tensors stay on disk);
     training loads it, once. (Here with another best metric, whose best starts anew.)"""
-    from transformer_mt import checkpoint
+    from transformer_mt.checkpoints import store as checkpoint
 
     run_dir = tmp_path / "again"
     run_dir.mkdir()
@@ -176,8 +176,8 @@ def test_a_resumed_run_reads_its_checkpoint_once(reference_run: Path, tmp_path: 
 
 def test_a_run_saved_with_old_key_names_resumes(reference_run: Path, tmp_path: Path) -> None:
     """Its saved overrides are carried over to today's names (or dropped, if train ignored them)."""
-    from transformer_mt.checkpoint import save_checkpoint
-    from transformer_mt.overrides import with_resumed_overrides
+    from transformer_mt.checkpoints.store import save_checkpoint
+    from transformer_mt.config.overrides import with_resumed_overrides
 
     state = load_checkpoint(reference_run / "epoch_002.pt")
     state["overrides"] = [*state["overrides"], "training.valid_beam_size=2", "debug=false",
@@ -255,12 +255,13 @@ def test_resume_into_another_model_shape_is_a_clear_error(reference_run: Path) -
 
 def test_diverging_run_stops_with_a_clear_message(corpus: Path, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from transformer_mt import trainer as train_module
+    from transformer_mt.jobs.train import build_trainer
+    from transformer_mt.training import trainer as train_module
 
     run_dir = tmp_path / "nan"
     cfg = tmt.compose("train", smoke_overrides(corpus, run_dir, **{"training.max_bad_steps": 3}))
     cfg.model.d_model, cfg.model.d_ff, cfg.model.encoder_layers, cfg.model.decoder_layers = 32, 64, 1, 1
-    trainer = train_module.Trainer(cfg, run_dir)
+    trainer = build_trainer(cfg, run_dir)
     nan = torch.tensor(float("nan"), requires_grad=True)
     monkeypatch.setattr(train_module.loss, "summed_nll", lambda *args, **kwargs: nan)
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
@@ -273,7 +274,7 @@ def test_diverging_run_stops_with_a_clear_message(corpus: Path, tmp_path: Path,
 
 def test_unwritable_run_directory_fails_before_training(tmp_path: Path) -> None:
     from transformer_mt.config import ConfigError
-    from transformer_mt.runtime import check_writable
+    from transformer_mt.runtime.files import check_writable
 
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")

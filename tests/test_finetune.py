@@ -16,13 +16,13 @@ import torch
 
 import transformer_mt as tmt
 from tests.conftest import multi30k, run_cli
-from transformer_mt import finetune
-from transformer_mt.checkpoint import BEST, TRAINED, load_checkpoint
+from transformer_mt.checkpoints.store import BEST, TRAINED, load_checkpoint
+from transformer_mt.config.overrides import with_resumed_overrides
 from transformer_mt.data import prepare_data
+from transformer_mt.data.tokenizer import Vocabulary
 from transformer_mt.errors import CheckpointError, ConfigError
-from transformer_mt.overrides import with_resumed_overrides
-from transformer_mt.tokenizer import Vocabulary
-from transformer_mt.trainer import Trainer
+from transformer_mt.jobs.train import build_trainer
+from transformer_mt.training import finetune
 
 
 def finetune_overrides(parent: Path, run_dir: Path, *extra: str) -> list[str]:
@@ -44,7 +44,7 @@ def finetuned(tiny_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     mid-epoch checkpoint of step 5 (`mid.pt`)."""
     run_dir = tmp_path_factory.mktemp("finetune") / "run"
     overrides = with_resumed_overrides(finetune_overrides(tiny_run, run_dir, "training.save_every_steps=5"))
-    trainer = Trainer(tmt.compose("train", overrides), run_dir, overrides)
+    trainer = build_trainer(tmt.compose("train", overrides), run_dir, overrides)
     first: dict[str, Any] = {}
     step = trainer.train_step
 
@@ -137,7 +137,7 @@ def test_resuming_a_finetuning_run_is_bit_exact(finetuned: dict[str, Any], tmp_p
 def test_the_parents_weight_average_is_carried_over(tiny_run: Path, tmp_path: Path) -> None:
     """A parent trained with EMA: training goes on from its trained weights, the average from its
     average (checked here before any step)."""
-    from transformer_mt.checkpoint import save_checkpoint
+    from transformer_mt.checkpoints.store import save_checkpoint
 
     state = load_checkpoint(tiny_run / BEST)
     averaged = {name: t + 0.5 if t.is_floating_point() else t for name, t in state["model"].items()}
@@ -146,7 +146,7 @@ def test_the_parents_weight_average_is_carried_over(tiny_run: Path, tmp_path: Pa
     run_dir = tmp_path / "run"
     overrides = with_resumed_overrides(finetune_overrides(tmp_path / "ema.pt", run_dir,
                                                           "training.ema_decay=0.9"))
-    trainer = Trainer(tmt.compose("train", overrides), run_dir, overrides)
+    trainer = build_trainer(tmt.compose("train", overrides), run_dir, overrides)
     for name, tensor in state["model"].items():
         assert torch.equal(trainer.model.state_dict()[name], tensor), name
         assert torch.equal(trainer.ema.model.state_dict()[name], averaged[name]), name
@@ -155,15 +155,14 @@ def test_the_parents_weight_average_is_carried_over(tiny_run: Path, tmp_path: Pa
 
 def test_a_planned_fine_tuning_run_keeps_the_parents_shape_and_plans_the_rest(tiny_run: Path,
                                                                               tmp_path: Path) -> None:
-    from transformer_mt import plan as planning
-    from transformer_mt.plan import rules
+    from transformer_mt.plan import decide, rules
 
     run_dir = tmp_path / "run"
     tmt.train(finetune_overrides(tiny_run, run_dir, "training.plan=auto", "training.max_minutes=5"))
     result = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
     plan = result["plan"]
     parent = load_checkpoint(tiny_run / BEST)["config"]["model"]
-    for key in planning.SHAPE:
+    for key in decide.SHAPE:
         assert plan["sources"][key] == "parent" and plan["values"][key] == parent[key.split(".")[1]], key
     assert plan["sources"]["training.lr"] == "plan"  # the peak of training from scratch, at its d_model
     assert plan["values"]["training.lr"] == rules.peak_lr(parent["d_model"])

@@ -16,16 +16,18 @@ import pytest
 import torch
 
 import transformer_mt as tmt
-from tests.conftest import tiny_overrides
-from transformer_mt import distributed, runtime
+from tests.conftest import script_module, tiny_overrides
 from transformer_mt.config import ConfigError, ModelConfig, SearchConfig
 from transformer_mt.data.batching import TokenBatchSampler, greedy_cut
+from transformer_mt.data.tokenizer import PAD_ID
+from transformer_mt.decoding.search import beam_search, greedy_search, sample
 from transformer_mt.model import Transformer, attention
-from transformer_mt.optim import step_unless
-from transformer_mt.runtime import HostReads
-from transformer_mt.search import beam_search, greedy_search, sample
-from transformer_mt.tokenizer import PAD_ID
+from transformer_mt.runtime import device as runtime
+from transformer_mt.training import distributed
+from transformer_mt.training.optim import step_unless
+from transformer_mt.training.trainer import Trainer
 
+HostReads = script_module("host_reads").HostReads  # scripts/host_reads.py: instrumentation, not the package
 BOS, EOS = 1, 2
 
 
@@ -47,11 +49,11 @@ def test_host_reads_counts_every_kind_of_read_of_its_device() -> None:
     assert torch.Tensor.tolist is torch._C.TensorBase.tolist  # the patched methods are restored
 
 
-def _tiny_trainer(corpus: Path, run_dir: Path, **extra: object) -> tmt.trainer.Trainer:
-    from transformer_mt.trainer import Trainer
+def _tiny_trainer(corpus: Path, run_dir: Path, **extra: object) -> Trainer:
+    from transformer_mt.jobs.train import build_trainer
 
     settings = {"dataset.max_pairs": 400, "training.batch_tokens": 256, "training.log_every": 10, **extra}
-    return Trainer(tmt.compose("train", tiny_overrides(corpus, run_dir, **settings)), run_dir)
+    return build_trainer(tmt.compose("train", tiny_overrides(corpus, run_dir, **settings)), run_dir)
 
 
 def test_steady_state_training_reads_the_device_once_per_logging_interval(
@@ -71,7 +73,7 @@ def test_steady_state_training_reads_the_device_once_per_logging_interval(
     assert all("tally.py" in site for site in reads.sites), reads.sites
 
 
-def _first_batch(trainer: tmt.trainer.Trainer) -> tuple:
+def _first_batch(trainer: Trainer) -> tuple:
     split, sampler = trainer.epochs(0)
     return split, sampler.batches(0)[0]
 

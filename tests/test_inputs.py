@@ -18,11 +18,11 @@ from tests.conftest import run_cli
 from tests.test_mixture import CHARS, corpora, mixed_config  # noqa: F401 - corpora is a fixture
 from transformer_mt.config import DatasetConfig, EvaluateConfig, ScoreConfig, TranslateConfig
 from transformer_mt.data import load_pairs, load_split_tsv, prepare_data
+from transformer_mt.decoding.translator import Translator
 from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.jobs import translate as translate_job
 from transformer_mt.jobs.evaluate import load_eval_set
 from transformer_mt.jobs.score import read_pairs
-from transformer_mt.translator import Translator
 
 
 # -- dataset.mix weights -----------------------------------------------------------------------------

@@ -17,12 +17,12 @@ import torch
 import transformer_mt as tmt
 from tests.conftest import run_cli
 from tests.test_sources import pairs, tatoeba_zip, write_lines
-from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.checkpoints.store import load_checkpoint
 from transformer_mt.config import DatasetConfig, MixedCorpus, TokenizerConfig
 from transformer_mt.data import prepare_data
 from transformer_mt.data.mixture import Mixture, Part
+from transformer_mt.data.tokenizer import train_tokenizers
 from transformer_mt.errors import ConfigError, DataError
-from transformer_mt.tokenizer import train_tokenizers
 
 CHARS = TokenizerConfig(kind="char", vocab_size=100)
 

@@ -3,13 +3,10 @@
 
 from __future__ import annotations
 
-import copy
-import itertools
 import json
 import logging
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 import torch
@@ -17,15 +14,18 @@ import torch
 import transformer_mt as tmt
 from tests.conftest import tiny_overrides
 from transformer_mt import plan as planning
-from transformer_mt.checkpoint import load_checkpoint
-from transformer_mt.composition import compose
+from transformer_mt.checkpoints.parameter_count import parameter_count
+from transformer_mt.checkpoints.store import load_checkpoint
 from transformer_mt.config import ConfigError, ModelConfig, TrainConfig
 from transformer_mt.errors import TrainingError
-from transformer_mt.plan import calibration, rules
-from transformer_mt.plan import probe as probe_module
-from transformer_mt.plan.calibration import Calibration
-from transformer_mt.plan.probe import Probe, Timing
+from transformer_mt.jobs.composition import compose
+from transformer_mt.plan import decide, rules
+from transformer_mt.training import probe as probe_module
+from transformer_mt.training import validation_cost
+from transformer_mt.training.probe import Probe, Timing
+from transformer_mt.training.throughput import relative_flops
 
+SIZES = rules.BATCH_CANDIDATES
 # A short budget keeps the probe (a share of it) short; the tiny run's epochs still end it first.
 PLANNED = {"training.plan": "auto", "training.max_minutes": 5}
 
@@ -106,18 +106,18 @@ def test_lr_ema_and_averaging() -> None:
 # -- whose choice ----------------------------------------------------------------------------------
 def test_keys_set_in_an_experiment_or_on_the_command_line_are_yours() -> None:
     overrides = ["experiment=tatoeba_cpu_tuned", "training.plan=auto", "training.ema_decay=0"]
-    yours = planning.chosen_by_you(compose("train", overrides), overrides)
+    yours = decide.chosen_by_you(compose("train", overrides), overrides)
     assert {"training.batch_tokens", "training.lr", "training.warmup_steps", "model.dropout",
             "training.ema_decay", "model.norm_first"} <= yours
-    assert not set(planning.SHAPE) & yours  # the recipe leaves the model's size open
-    bare = planning.chosen_by_you(compose("train", ["training.plan=auto", "training.max_minutes=5"]), [])
+    assert not set(decide.SHAPE) & yours  # the recipe leaves the model's size open
+    bare = decide.chosen_by_you(compose("train", ["training.plan=auto", "training.max_minutes=5"]), [])
     assert bare == set()
     group = ["model=small", "training.max_minutes=5"]
-    assert set(planning.SHAPE) <= planning.chosen_by_you(compose("train", group), group)
+    assert set(decide.SHAPE) <= decide.chosen_by_you(compose("train", group), group)
 
 
 def test_model_presets_are_read_from_their_files() -> None:
-    base = planning.shape("base", ModelConfig(dropout=0.3))
+    base = decide.shape("base", ModelConfig(dropout=0.3))
     assert (base.d_model, base.n_heads, base.d_ff, base.encoder_layers) == (512, 8, 2048, 6)
     assert base.dropout == 0.3  # the rest stays
 
@@ -128,7 +128,7 @@ class _Speeds(Probe):
 
     def __init__(self, speeds: dict[int, float], deadline: float = float("inf"),
                  shape_deadline: float = float("inf"), larger: float = 0.0) -> None:
-        super().__init__(data=None, device=torch.device("cpu"), amp=None, decode_amp=None, seed=1,  # type: ignore[arg-type]
+        super().__init__(data=None, device=torch.device("cpu"), amp=None, seed=1,  # type: ignore[arg-type]
                          deadline=deadline, shape_deadline=shape_deadline)
         self.speeds, self.measured, self.larger = speeds, [], larger  # a larger shape's share of the speed
 
@@ -142,13 +142,13 @@ class _Speeds(Probe):
 
 def test_the_probe_doubles_the_batch_while_it_gains_and_stops_at_its_deadline() -> None:
     cpu = _Speeds({512: 1000, 1024: 1040, 2048: 1050})
-    assert cpu.batch_speeds(ModelConfig()) == {512: 1000, 1024: 1040} and cpu.measured == [512, 1024]
+    assert cpu.batch_speeds(ModelConfig(), SIZES) == {512: 1000, 1024: 1040} and cpu.measured == [512, 1024]
     gpu = _Speeds({512: 1e4, 1024: 2e4, 2048: 4e4, 4096: -1})  # the fourth does not fit
-    assert gpu.batch_speeds(ModelConfig()) == {512: 1e4, 1024: 2e4, 2048: 4e4}
+    assert gpu.batch_speeds(ModelConfig(), SIZES) == {512: 1e4, 1024: 2e4, 2048: 4e4}
     late = _Speeds({512: 1e4, 1024: 2e4, 2048: 4e4}, deadline=0.0)  # past: the two sizes a rule needs
-    assert late.batch_speeds(ModelConfig()) == {512: 1e4, 1024: 2e4}
+    assert late.batch_speeds(ModelConfig(), SIZES) == {512: 1e4, 1024: 2e4}
     with pytest.raises(TrainingError, match="does not fit on cpu .*choose a smaller model"):
-        _Speeds({512: -1}).batch_speeds(ModelConfig())
+        _Speeds({512: -1}).batch_speeds(ModelConfig(), SIZES)
 
 
 class _Length:
@@ -159,25 +159,23 @@ class _Length:
     def __init__(self, seconds: float) -> None:
         self.seconds = self.budget_s = seconds
 
-    def updates(self, batch_tokens: int, tokens_per_s: float) -> float:
-        return self.seconds * tokens_per_s / batch_tokens
+    def expect(self, batch_tokens: int, tokens_per_s: float) -> tuple[float, float, str]:
+        return self.seconds * tokens_per_s / batch_tokens, 1.0, "budget"
 
 
 def test_the_plan_skips_batches_it_would_pass_over_and_weighs_those_it_did_not_measure() -> None:
-    planner = planning._Planner(TrainConfig(), set(), world_size=1)
+    planner = decide._Planner(TrainConfig(), set(), world_size=1)
     speeds = {512: 1000, 1024: 1020, 2048: 1040, 4096: 1050}
     cpu = _Speeds(speeds)  # at 512's speed the rule takes 2048: 1024 is skipped; 2048 gains too little
     planned = planner.batch(cpu, ModelConfig(), _Length(5000))  # type: ignore[arg-type]
-    assert cpu.measured == [512, 2048] and planned[:2] == (2048, 1040)
-    # what a check of it rescales: 1024 between 512 and 2048, 4096 as 2048
-    assert planned.weighed[1024] == pytest.approx((1000 * 1040) ** 0.5) and planned.weighed[4096] == 1040
+    assert cpu.measured == [512, 2048] and planned == (2048, 1040, {512: 1000, 2048: 1040})
     short = _Speeds(speeds)  # at 512's speed the rule takes 512: nothing to skip
     assert planner.batch(short, ModelConfig(), _Length(1000))[0] == 512 and short.measured == [512, 1024]  # type: ignore[arg-type]
     full = _Speeds({512: 1000, 1024: 2000, 2048: -1})  # 2048 runs out of memory: 1024 at most
     assert planner.batch(full, ModelConfig(), _Length(5000))[0] == 1024  # type: ignore[arg-type]
     assert full.too_large == 2048
-    yours = planning._Planner(TrainConfig(), {"training.batch_tokens"}, world_size=1)  # 4096 by default
-    assert yours.batch(cpu, ModelConfig(), _Length(5000)) == (4096, 1050, {4096: 1050}, {4096: 1050})  # type: ignore[arg-type]
+    yours = decide._Planner(TrainConfig(), {"training.batch_tokens"}, world_size=1)  # 4096 by default
+    assert yours.batch(cpu, ModelConfig(), _Length(5000)) == (4096, 1050, {4096: 1050})  # type: ignore[arg-type]
 
 
 def test_the_probe_starts_no_batch_size_that_would_end_past_its_deadline(
@@ -192,10 +190,10 @@ def test_the_probe_starts_no_batch_size_that_would_end_past_its_deadline(
 
     gpu = Timed({512: 1e4, 1024: 2e4, 2048: 4e4, 4096: 8e4}, deadline=10.0)
     # 512 ends at 1 s, 1024 at 3, 2048 (expected to end at 7) at 7; 4096 would end at 15: not started
-    assert gpu.batch_speeds(ModelConfig()) == {512: 1e4, 1024: 2e4, 2048: 4e4} and clock == [7.0]
+    assert gpu.batch_speeds(ModelConfig(), SIZES) == {512: 1e4, 1024: 2e4, 2048: 4e4} and clock == [7.0]
     clock[0] = 0.0
     short = Timed({512: 1e4, 1024: 2e4, 2048: 4e4}, deadline=2.0)  # 1024 ends past it, but is measured
-    assert short.batch_speeds(ModelConfig()) == {512: 1e4, 1024: 2e4} and clock == [3.0]
+    assert short.batch_speeds(ModelConfig(), SIZES) == {512: 1e4, 1024: 2e4} and clock == [3.0]
 
 
 def test_the_next_size_is_expected_to_take_its_timed_seconds_and_twice_the_rest(
@@ -217,20 +215,20 @@ def test_the_next_size_is_expected_to_take_its_timed_seconds_and_twice_the_rest(
     gpu.seconds_per_size, gpu.slow = 1.0, False
     # 512 ends at 1.2 s, 1024 at 2.6; 2048 is expected to take 0.8 + 1.0 + 0.02 s: it ends at 4.4;
     # 4096 (1.6 + 1.0 + 0.02) would end at 7.0: not started
-    assert gpu.batch_speeds(ModelConfig()) == {512: 1e4, 1024: 2e4, 2048: 4e4}
+    assert gpu.batch_speeds(ModelConfig(), SIZES) == {512: 1e4, 1024: 2e4, 2048: 4e4}
     assert clock[0] == pytest.approx(4.4)
     assert gpu.cost(4096) == pytest.approx(2.62) and gpu.cost(4096, compute=3.0) == pytest.approx(5.86)
     clock[0] = 0.0
     cpu = Timed({512: 1e4, 1024: 1.2e4, 2048: 1.4e4}, deadline=3.0)
     cpu.seconds_per_size, cpu.slow = 0.05, True  # steps of 0.01 s a 512-token batch, 4 of them timed
     # ends at 0.25, 0.73 and 1.69 s; 4096, whose 4 steps pass seconds_per_size, doubles it all: 3.69
-    assert cpu.batch_speeds(ModelConfig()) == {512: 1e4, 1024: 1.2e4, 2048: 1.4e4}
+    assert cpu.batch_speeds(ModelConfig(), SIZES) == {512: 1e4, 1024: 1.2e4, 2048: 1.4e4}
     assert clock[0] == pytest.approx(1.69) and cpu.cost(4096) == pytest.approx(2 * 0.8 + 2 * 0.16 + 0.08)
 
 
 def test_the_probe_times_decoding_in_a_batch_like_validations(monkeypatch: pytest.MonkeyPatch) -> None:
-    from transformer_mt import translator
     from transformer_mt.config import DecodingConfig
+    from transformer_mt.decoding import translator
 
     clock, rows, first = [0.0], [], [False]
 
@@ -240,12 +238,10 @@ def test_the_probe_times_decoding_in_a_batch_like_validations(monkeypatch: pytes
         first[0] = False
         return [[None] for _ in src]
 
-    monkeypatch.setattr(probe_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(validation_cost, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     monkeypatch.setattr(translator, "_search", search)
-    monkeypatch.setattr(probe_module, "VALID_SENTENCES", 600)  # the first 600 pairs are validated
     src = [[5] * (1 + i % 9) for i in range(700)]
-    probe = Probe(SimpleNamespace(valid=SimpleNamespace(src_ids=src)), torch.device("cpu"),  # type: ignore[arg-type]
-                  None, None, seed=1, deadline=0.0)
+    data = SimpleNamespace(valid=SimpleNamespace(src_ids=src))
     greedy, model = DecodingConfig(beam_size=1, batch_tokens=400), torch.nn.Linear(1, 1)
     translator.decode_ids(model, src[:600], greedy, torch.device("cpu"))  # what validation decodes
     validation_s = clock[0]
@@ -255,15 +251,19 @@ def test_the_probe_times_decoding_in_a_batch_like_validations(monkeypatch: pytes
 
     rows.clear()
     first[0] = True  # the first decoding is not timed
-    with_time = probe.sentence_seconds(model, greedy, deadline=clock[0] + 1e6 + 1e4)
-    untimed, timed = probe_module.UNTIMED, probe_module.DECODED
+    def sentence_seconds(deadline: float) -> float:  # the first 600 pairs are validated
+        return validation_cost.sentence_seconds(model, data, greedy, torch.device("cpu"), None,  # type: ignore[arg-type]
+                                                deadline, sentences=600)
+
+    with_time = sentence_seconds(deadline=clock[0] + 1e6 + 1e4)
+    untimed, timed = validation_cost.UNTIMED, validation_cost.DECODED
     assert rows == [untimed, timed, 57]  # then the whole batch: its padded tokens' cost, scaled
     assert with_time * 600 == pytest.approx(validation_s, rel=0.15)
     rows.clear()
-    without = probe.sentence_seconds(model, greedy, deadline=clock[0])
+    without = sentence_seconds(deadline=clock[0])
     assert rows == [untimed, timed] and without > with_time  # fewer rows: more per token
     rows.clear()
-    some = probe.sentence_seconds(model, greedy, deadline=clock[0] + 900.0)  # 312 for the first 32 rows
+    some = sentence_seconds(deadline=clock[0] + 900.0)  # 312 for the first 32 rows
     assert timed < rows[2] < 57 and with_time < some < without
 
 
@@ -281,20 +281,21 @@ def test_the_probe_times_validations_scores_with_the_sources_as_translations(
         scored.append((hypotheses, references))
         clock[0] += 0.002 * len(hypotheses)  # the only timed call that moves the clock
 
-    monkeypatch.setattr(probe_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
-    monkeypatch.setattr(probe_module, "score", score)
-    monkeypatch.setattr(Probe, "sentence_seconds", lambda *args: 0.5)
-    probe = Probe(data, torch.device("cpu"), None, None, seed=1, deadline=0.0)
-    per_pair = probe.validation_seconds(cfg.model, cfg.decoding, 256, deadline=0.0)
-    n = min(probe_module.LOSS_PAIRS, len(data.valid))
+    monkeypatch.setattr(validation_cost, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(validation_cost, "score", score)
+    monkeypatch.setattr(validation_cost, "sentence_seconds", lambda *args: 0.5)
+    cpu = torch.device("cpu")
+    per_pair = validation_cost.validation_seconds(cfg.model, data, cfg.decoding, 256, cpu, None, None,
+                                                  deadline=0.0, sentences=1000)
+    n = min(validation_cost.LOSS_PAIRS, len(data.valid))
     assert scored == [(data.valid.src_text[:n], data.valid.tgt_text[:n])]
     assert per_pair == pytest.approx(0.5 + 0.002)
 
 
 def test_timed_steps_go_round_the_batches_until_their_time_is_up(corpus: Path, tmp_path: Path) -> None:
-    from transformer_mt.checkpoint import build_model
+    from transformer_mt.checkpoints.store import build_model
     from transformer_mt.data import prepare_data
-    from transformer_mt.throughput import real_batches, time_training
+    from transformer_mt.training.throughput import real_batches, time_training
 
     cfg = compose("train", tiny_overrides(corpus, tmp_path / "run"))
     data = prepare_data(cfg.dataset, cfg.tokenizer)
@@ -315,7 +316,7 @@ def test_the_model_size_counts_the_tokens_of_every_process(corpus: Path, tmp_pat
     budgets: list[dict[str, float]] = []
     monkeypatch.setattr(rules, "model_size", lambda tokens, params: budgets.append(tokens) or "small")
     for world_size in (1, 2):
-        planner = planning._Planner(cfg, set(), world_size)
+        planner = decide._Planner(cfg, set(), world_size)
         planner.shape(_Speeds({512: 1000.0, 1024: 1000.0}, shape_deadline=0.0), data, _Length(600))  # type: ignore[arg-type]
     one, two = budgets  # the larger shape not measured: its speed scaled by FLOPs
     assert one["small"] > one["base"] > 0 and two == pytest.approx({k: 2 * v for k, v in one.items()})
@@ -330,29 +331,30 @@ def test_a_larger_shape_is_measured_where_its_flops_would_keep_the_small_one(cor
 
     cfg = compose("train", tiny_overrides(corpus, tmp_path / "run"))
     data = prepare_data(cfg.dataset, cfg.tokenizer)
-    shapes = {s: planning.shape(s, cfg.model) for s in rules.SIZES}
-    base_params, seconds = planning.parameters(shapes["base"], data), 100.0
+    shapes = {s: decide.shape(s, cfg.model) for s in rules.SIZES}
+    base_params = parameter_count(shapes["base"], data.vocab.src_vocab_size, data.vocab.tgt_vocab_size)
+    seconds = 100.0
     speed = 3 * base_params / (seconds * (1 - rules.VALIDATION_SHARE))  # 3 tokens per base parameter
-    assert planning._compute(data, shapes, 4096)["base"] > 3  # so FLOPs alone keep the small shape
+    assert relative_flops(data, shapes, 4096)["base"] > 3  # so FLOPs alone keep the small shape
     every = {b: speed for b in rules.BATCH_CANDIDATES}
     for deadline, share, chosen in ((float("inf"), 0.5, "base"), (float("inf"), 0.2, "small"),
                                     (0.0, 0.5, "small")):
         probe = _Speeds(every, shape_deadline=deadline, larger=share)
-        planner = planning._Planner(cfg, set(), world_size=1)
-        model, batch = planner.shape(probe, data, _Length(seconds))  # type: ignore[arg-type]
+        planner = decide._Planner(cfg, set(), world_size=1)
+        model, batch, shape_speeds = planner.shape(probe, data, _Length(seconds))  # type: ignore[arg-type]
         small_batch = probe.measured[1]
         assert model == shapes[chosen] and (deadline == 0.0) != (("larger", small_batch) in probe.measured)
         if chosen == "base":
             assert batch.tokens <= small_batch and batch.tokens_per_s == pytest.approx(share * speed)
             assert batch.measured == {small_batch: share * speed}
-            assert planner.plan.reasons["model.d_model"].endswith(f"(base measured at {small_batch})")
-            assert planner.plan.measured["shape_speeds"] == {"small": round(speed),
+            assert planner.choices["model.d_model"].why.endswith(f"(base measured at {small_batch})")
+            assert shape_speeds == {"small": round(speed),
                                                              "base": round(share * speed)}
     # Where FLOPs alone choose the larger shape, its own sweep goes on to the shape's deadline, not the
     # small one's (past here: it measured two sizes)
     growing = {b: 4 * speed * b / 512 for b in rules.BATCH_CANDIDATES}  # a GPU far from saturated
     probe = _Speeds(growing, deadline=0.0, shape_deadline=float("inf"))
-    model, _ = planning._Planner(cfg, set(), world_size=1).shape(probe, data, _Length(seconds))  # type: ignore[arg-type]
+    model, _, _ = decide._Planner(cfg, set(), world_size=1).shape(probe, data, _Length(seconds))  # type: ignore[arg-type]
     swept = [m for m in probe.measured if isinstance(m, tuple)]
     assert model == shapes["base"] and len(probe.measured) - len(swept) == 2 and len(swept) > 2
 
@@ -365,269 +367,24 @@ def test_a_real_probe_times_the_larger_shape_from_its_own_sweep(corpus: Path, tm
     import time
 
     from transformer_mt.data import prepare_data
-    from transformer_mt.plan.length import RunLength
+    from transformer_mt.plan.decide import RunLength
 
     monkeypatch.setattr(rules, "SIZES", ("tiny", "small"))
     cfg = compose("train", tiny_overrides(corpus, tmp_path / "run"))
     data = prepare_data(cfg.dataset, cfg.tokenizer)
     now = time.perf_counter()
-    probe = Probe(data, torch.device("cpu"), None, None, seed=1, deadline=now, seconds_per_size=0.05,
+    probe = Probe(data, torch.device("cpu"), None, seed=1, deadline=now, seconds_per_size=0.05,
                   shape_deadline=now + 600)
     length = RunLength(data, 60.0, now, 1, 1, 1, None)
-    planner = planning._Planner(cfg, set(), world_size=1)
-    model, batch = planner.shape(probe, data, length)  # type: ignore[arg-type]
+    planner = decide._Planner(cfg, set(), world_size=1)
+    model, batch, speeds = planner.shape(probe, data, length)  # type: ignore[arg-type]
     assert len(batch.measured) == 2
     assert all(took > timed > step > 0 for took, timed, step in probe.timings.values())
     assert probe.cost(4 * max(batch.measured)) > probe.cost(max(batch.measured))
-    speeds = planner.plan.measured["shape_speeds"]
-    assert speeds["tiny"] > speeds["small"] > 0 and model == planning.shape("tiny", cfg.model)
-    assert planner.plan.reasons["model.d_model"].endswith(f"(small measured at {batch.tokens})")
+    assert speeds["tiny"] > speeds["small"] > 0 and model == decide.shape("tiny", cfg.model)
+    assert planner.choices["model.d_model"].why.endswith(f"(small measured at {batch.tokens})")
 
 
-# -- the batch checked against training --------------------------------------------------------------
-class _Epochs:
-    """A run length whose updates hold 0.8 target tokens per batch token, in epochs of `steps` updates."""
-
-    batches_per_update, budget_s = 1, 600.0
-
-    def __init__(self, steps: int = 10_000) -> None:
-        self.steps = steps
-
-    def update_tokens(self, batch_tokens: int) -> float:
-        return 0.8 * batch_tokens
-
-    def epoch(self, batch_tokens: int) -> tuple[int, int]:
-        return self.steps, 0
-
-
-def _probed(batch: int = 512, **values: object) -> planning.Plan:
-    """A plan made as the probe saw the machine: 1,500 tokens/s at every size."""
-    keys = {"training.batch_tokens": batch, "training.valid_every_steps": 300, "model.dropout": 0.0,
-            "training.ema_decay": 0.0, "training.average_last": 0, **values}
-    return planning.Plan(keys, sources=dict.fromkeys(keys, "plan"), measured={
-        "tokens_per_s": 1500.0, "speeds": {"512": 1500.0, "1024": 1500.0, "2048": 1500.0},
-        "ends_by": "budget", "validation_seconds": 3.0, "batch_speeds": {"512": 1500, "1024": 1500},
-        "probe_seconds": 1.0, "updates": 2000.0, "epochs": 1.0, "steps_per_epoch": 2000})
-
-
-def _timed(check: Calibration, speed: float, seconds: float) -> Calibration:
-    """Observe steps of one second at `speed` tokens/s for `seconds` (after the untimed first steps)."""
-    clock, tokens = 0.0, 0
-    for _ in range(calibration.SKIPPED_STEPS + int(seconds)):  # step k is timed from observation k - 1
-        check.observe(clock, tokens)
-        clock, tokens = clock + 1, tokens + int(speed)
-    return check
-
-
-def test_the_batch_follows_the_speed_training_measures_not_the_probes() -> None:
-    check = _timed(Calibration(_probed(), _Epochs()), speed=1950.0, seconds=56)  # type: ignore[arg-type]
-    assert not check.ready  # a tenth of the training seconds of a 600-s budget: 57
-    check = _timed(Calibration(_probed(), _Epochs()), speed=1950.0, seconds=60)  # type: ignore[arg-type]
-    assert check.ready and check.seconds == 60 and check.tokens == 60 * 1950
-    # At the probe's 1,500 tokens/s, 1,024 would make (150 × 409.6 + 484.5 × 1,500) / 819.2 = 962 updates
-    checked = check.decide(used_s=90.0, steps=150)
-    assert checked.values["training.batch_tokens"] == 1024
-    assert checked.measured["calibrated"]["updates"] == {"512": 2457, "1024": 1228, "2048": 614}
-    assert checked.values["training.valid_every_steps"] == 200  # 10 validations of 3 s in 5% of 600 s
-    assert "at the speed of training" in checked.reasons["training.batch_tokens"]
-    assert "checked at step 150 on 60s of training at 1950" in checked.table()
-    assert "512 → 1024" in checked.table()
-    slow = _timed(Calibration(_probed(), _Epochs()), speed=1500.0, seconds=60)  # type: ignore[arg-type]
-    kept = slow.decide(used_s=90.0, steps=150)
-    assert kept.values["training.batch_tokens"] == 512 and "kept 512" in planning.calibrated(kept)
-
-
-def test_dropout_and_ema_are_planned_again_from_the_updates_training_expects() -> None:
-    """The probe expected 2,000 updates; training is a third slower: (100 × 409.6 + 513 × 1,000) / 409.6
-    = 1,352 updates at 512 tokens, 13.5 epochs of 100 updates."""
-    probed = _probed(512, **{"model.dropout": 0.1, "training.ema_decay": 0.999, "training.average_last": 3})
-    probed.sources["model.dropout"] = "you"  # a key the user set stays theirs
-
-    def checked(steps_per_epoch: int) -> planning.Plan:
-        check = _timed(Calibration(probed, _Epochs(steps_per_epoch)), speed=1000.0,  # type: ignore[arg-type]
-                       seconds=60)
-        return check.decide(used_s=60.0, steps=100)
-
-    plan = checked(100)
-    assert plan.measured["calibrated"]["updates"]["512"] == 1352
-    assert plan.values["training.batch_tokens"] == 512
-    assert plan.values["training.ema_decay"] == 0.0 and plan.values["training.average_last"] == 0
-    assert plan.values["model.dropout"] == 0.1  # yours, where the rule says 0.2 for 8-16 epochs
-    assert plan.measured["calibrated"]["changed"] == {"training.ema_decay": [0.999, 0.0],
-                                                      "training.average_last": [3, 0]}
-    shown = "batch kept 512, training.ema_decay 0.999 → 0, training.average_last 3 → 0"
-    assert shown in planning.calibrated(plan)
-    probed.sources["model.dropout"] = "plan"
-    assert checked(100).values["model.dropout"] == 0.2
-    assert checked(300).values["model.dropout"] == 0.1  # 4.5 epochs
-    assert "model.dropout" not in checked(300).measured["calibrated"]["changed"]
-    probed.sources["training.ema_decay"] = "you"  # your EMA keeps its average
-    assert checked(100).values["training.average_last"] == 3
-
-
-def test_validation_and_checkpoints_are_not_timed_as_training() -> None:
-    check = _timed(Calibration(_probed(), _Epochs()), speed=1000.0, seconds=10)  # type: ignore[arg-type]
-    last, tokens = check._last  # type: ignore[misc]
-    check.pause()  # a validation: 100 s pass, then a step of 1 s
-    check.observe(last + 101, tokens + 1000)
-    check.observe(last + 102, tokens + 2000)
-    assert (check.seconds, check.tokens) == (11, 11_000) and not check.ready  # 57 s make it ready
-
-
-def test_only_a_batch_the_plan_chose_for_a_budget_is_checked_once() -> None:
-    assert calibration.needed(_probed(), [])
-    assert not calibration.needed(None, [])
-    assert not calibration.needed(_probed(), ["training.batch_tokens=1024"])  # named on a resume
-    yours = _probed()
-    yours.sources["training.batch_tokens"] = "you"
-    fixed, done, old = _probed(), _probed(), _probed()
-    fixed.measured["ends_by"] = "epochs"  # training.epochs ends the run: it must not depend on timing
-    done.measured["calibrated"] = {}
-    del old.measured["speeds"]  # a plan saved before the check existed
-    assert not any(calibration.needed(p, []) for p in (yours, fixed, done, old))
-
-
-def _check_at_once(monkeypatch: pytest.MonkeyPatch, probed: int, checked: int) -> None:
-    """The tiny run (its epochs end it) planned with the batch `probed`; its check is due after the first
-    timed step, and the batch rule then says `checked`."""
-    monkeypatch.setattr(calibration, "needed", lambda plan, overrides: True)
-    monkeypatch.setattr(calibration, "CHECKED_SHARE", 0.0)
-    monkeypatch.setattr(rules, "batch_tokens", lambda updates, per_update: checked)
-    monkeypatch.setattr(planning, "make", lambda *a, **k: _probed(probed, **{"training.epochs": 2}))
-    monkeypatch.setattr(planning, "chosen_by_you", lambda cfg, overrides: {"training.epochs"})
-
-
-def _trained_pairs(monkeypatch: pytest.MonkeyPatch) -> list[list[tuple[bytes, bytes]]]:
-    """Each training batch's pairs (source and target ids), as the run trains them."""
-    from transformer_mt.data.epochs import TrainingEpochs
-
-    batches: list[list[tuple[bytes, bytes]]] = []
-    cut = TrainingEpochs.batch
-
-    def batch(self: TrainingEpochs, split: Any, indices: list[int]) -> Any:
-        batches.append([(split.src_ids[i].tobytes(), split.tgt_ids[i].tobytes()) for i in indices])
-        return cut(self, split, indices)
-
-    monkeypatch.setattr(TrainingEpochs, "batch", batch)
-    return batches
-
-
-def test_a_run_goes_on_at_the_checked_batch_and_resumes_at_it(
-        corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
-    """The tiny run's epochs end it and its config sets the batch: here the batch is the plan's, the check
-    is due after the first timed step, and it halves the batch. The epoch goes on with the pairs its
-    first batches did not hold: each pair once."""
-    import shutil
-
-    _check_at_once(monkeypatch, probed=1024, checked=512)
-    trained = _trained_pairs(monkeypatch)
-    run_dir = tmp_path / "run"
-    with caplog.at_level(logging.INFO):
-        tmt.train(tiny_overrides(corpus, run_dir, **PLANNED))
-    assert "the plan's batch, checked at step 6 " in caplog.text and "1024 → 512" in caplog.text
-    result = json.loads((run_dir / "result.json").read_text())
-    assert result["plan"]["values"]["training.batch_tokens"] == 512
-    assert result["plan"]["measured"]["calibrated"]["at_step"] == 6
-    assert result["plan"]["measured"]["calibrated"]["rest_of"] == [0, 6]
-    saved = load_checkpoint(run_dir / "latest.pt")
-    assert saved["config"]["training"]["batch_tokens"] == 512 and saved["plan"] == result["plan"]
-    # an epoch is 12 batches of 1,024 tokens or 24 of 512: 6 steps, the rest of epoch 1, epoch 2
-    assert "epoch 1: 12 batches" in caplog.text and "epoch 2: 24 batches" in caplog.text
-    rest = result["steps"] - 6 - 24
-    assert f"epoch 1: {rest} batches" in caplog.text and 10 <= rest <= 14
-    first, second = trained[:6 + rest], trained[6 + rest:]
-    assert len(second) == 24 and len({p for b in first for p in b}) == sum(map(len, first))  # none twice
-    assert sorted(p for b in first for p in b) == sorted(p for b in second for p in b)  # none left out
-
-    monkeypatch.setattr(Calibration, "decide", lambda *a: pytest.fail("a resumed run checked again"))
-    resumed = Path(shutil.copytree(run_dir, tmp_path / "resumed"))
-    caplog.clear()
-    with caplog.at_level(logging.INFO):
-        tmt.train([f"resume={resumed}", "training.epochs=3"])
-    assert f"epoch 3 step {result['steps'] + 24} (batch 24/24)" in caplog.text  # 24 batches of 512 tokens
-    assert "epoch 1: 12 batches" not in caplog.text  # epoch 1's rest is cut from its first batches quietly
-
-
-def test_a_run_stopped_in_the_rest_of_a_resized_epoch_resumes_bit_exact(
-        corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Stopped two steps after its batch changed, the run resumes the same rest of the epoch and ends with
-    the weights of the run that was not stopped."""
-    from transformer_mt.trainer import Trainer
-
-    _check_at_once(monkeypatch, probed=1024, checked=512)
-    tmt.train(tiny_overrides(corpus, tmp_path / "whole", **PLANNED))
-    step = Trainer.optimizer_step
-
-    def stop_at_8(self: Trainer) -> None:
-        step(self)
-        self.interrupt.requested = self.interrupt.requested or self.step == 8
-
-    monkeypatch.setattr(Trainer, "optimizer_step", stop_at_8)
-    tmt.train(tiny_overrides(corpus, tmp_path / "stopped", **PLANNED))
-    stopped = load_checkpoint(tmp_path / "stopped" / "latest.pt")
-    assert (stopped["step"], stopped["epoch"], stopped["batch_in_epoch"]) == (8, 0, 2)
-    monkeypatch.setattr(Trainer, "optimizer_step", step)
-    monkeypatch.setattr(calibration, "needed", lambda plan, overrides: "calibrated" not in plan.measured)
-    tmt.train([f"resume={tmp_path / 'stopped'}"])
-    whole, resumed = (load_checkpoint(tmp_path / r / "epoch_002.pt")["model"] for r in ("whole", "stopped"))
-    assert all(torch.equal(whole[name], resumed[name]) for name in whole)
-
-
-def test_a_kept_batch_validates_at_the_interval_planned_at_trainings_speed(
-        corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
-    """The interval rule, unmocked, on what training measured: batches of 64 tokens make an epoch of about
-    200 steps (more than the rule's unit of 100), and a clock of one second a step sets the speed, so that
-    the rest of a 5-minute budget holds about 260 updates: of 5 validations (of 3 s in 5% of it), the
-    epoch's end and the run's leave 3, every 100 steps."""
-    _check_at_once(monkeypatch, probed=64, checked=64)
-    plan = _probed(64, **{"training.epochs": 1})
-    plan.measured["speeds"]["64"] = 1500.0
-    monkeypatch.setattr(planning, "make", lambda *a, **k: copy.deepcopy(plan))
-    observe, ticks = Calibration.observe, itertools.count()
-    monkeypatch.setattr(Calibration, "observe", lambda self, _, tokens: observe(self, next(ticks), tokens))
-    run_dir = tmp_path / "run"
-    with caplog.at_level(logging.INFO):
-        tmt.train(tiny_overrides(corpus, run_dir, **{**PLANNED, "training.epochs": 1}))
-    assert "batch kept 64" in caplog.text
-    saved = load_checkpoint(run_dir / "latest.pt")
-    checked, steps_per_epoch = saved["plan"]["measured"]["calibrated"], saved["step"]
-    every = saved["config"]["training"]["valid_every_steps"]
-    assert every == rules.valid_every_steps(checked["updates"]["64"], rules.validations(300, 3.0),
-                                            steps_per_epoch) == 100 < steps_per_epoch
-    validated = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in validated if "model" not in r] == [*range(every, steps_per_epoch, every),
-                                                                  steps_per_epoch]
-
-
-def test_the_check_turns_ema_on_and_changes_dropout_in_the_running_model(
-        corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
-    """Planned without EMA or dropout; at training's speed, over an hour's budget, the rules call for both:
-    the updates expected at the tiny model's speed are thousands, its epochs of 12 steps hundreds."""
-    import shutil
-
-    _check_at_once(monkeypatch, probed=1024, checked=1024)
-    run_dir = tmp_path / "run"
-    with caplog.at_level(logging.INFO):
-        tmt.train(tiny_overrides(corpus, run_dir, **{**PLANNED, "training.max_minutes": 60}))
-    saved = load_checkpoint(run_dir / "latest.pt")
-    updates = saved["plan"]["measured"]["calibrated"]["updates"]["1024"]
-    ema, dropout = rules.ema_decay(updates), rules.dropout(updates / 12)
-    assert (ema, dropout) == (0.999, 0.3)  # unless training ran below about 500 target tokens/s
-    assert f"batch kept 1024, model.dropout 0 → {dropout:g}, training.ema_decay 0 → {ema:g}" in caplog.text
-    assert saved["config"]["training"]["ema_decay"] == ema and saved["model_config"]["dropout"] == dropout
-    assert saved["config"]["model"]["dropout"] == dropout
-    assert saved["ema_updates"] == saved["step"] - 6  # averaged from the check at step 6 on
-    assert not torch.equal(saved["model"]["src_embed.weight"], saved["trained_model"]["src_embed.weight"])
-
-    resumed = Path(shutil.copytree(run_dir, tmp_path / "resumed"))  # the same model, dropout included
-    tmt.train([f"resume={resumed}", "training.epochs=3"])
-    assert load_checkpoint(resumed / "latest.pt")["ema_updates"] == saved["ema_updates"] + 12
-
-
-# -- a planned run ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def planned_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
     """The tiny run, planned: its model and batch are chosen (debug=tiny), the rest is the plan's."""
@@ -638,14 +395,14 @@ def planned_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
 
 def test_a_planned_run_records_its_plan(planned_run: Path) -> None:
     result = json.loads((planned_run / "result.json").read_text())
-    plan = planning.Plan.from_dict(result["plan"])
+    plan = planning.Plan.from_record(result["plan"])
     assert plan.sources["training.batch_tokens"] == plan.sources["model.d_model"] == "you"
     assert plan.sources["training.lr"] == plan.sources["model.dropout"] == "plan"
     assert plan.sources["training.warmup_steps"] == "you"  # debug=tiny sets it: a config file wins too
     assert plan.values["training.epochs"] == 2  # yours: the run's length
     assert plan.values["training.lr"] == rules.peak_lr(64) and plan.values["training.scheduler"] == "linear"
-    steps_per_epoch = plan.measured["steps_per_epoch"]
-    assert plan.measured["updates"] == 2 * steps_per_epoch and result["steps"] == 2 * steps_per_epoch
+    steps_per_epoch = plan.measured.steps_per_epoch
+    assert plan.measured.updates == 2 * steps_per_epoch and result["steps"] == 2 * steps_per_epoch
     saved = load_checkpoint(planned_run / "latest.pt")
     assert saved["plan"] == result["plan"]
     assert saved["config"]["training"]["lr"] == plan.values["training.lr"]  # the run trained with it
@@ -653,13 +410,21 @@ def test_a_planned_run_records_its_plan(planned_run: Path) -> None:
 
 
 def test_the_decay_follows_the_clock_unless_the_epochs_end_the_run_first(planned_run: Path) -> None:
-    from transformer_mt.runtime import TrainingClock
+    """A run that training.epochs end before the budget decays by its steps alone, so that its learning
+    rates (and a resume) do not depend on its speed."""
+    from transformer_mt.training.optim import lr_lambda
 
-    clock = TrainingClock(10, seconds=60)  # a tenth of the budget spent
-    fixed = planning.Plan.from_dict(json.loads((planned_run / "result.json").read_text())["plan"])
-    assert fixed.measured["ends_by"] == "epochs" and planning.decay_clock(fixed, clock)() == 0.0
-    budgeted = planning.Plan({**fixed.values}, measured={**fixed.measured, "ends_by": "budget"})
-    assert planning.decay_clock(budgeted, clock)() == planning.decay_clock(None, clock)() == 0.1
+    plan = planning.Plan.from_record(json.loads((planned_run / "result.json").read_text())["plan"])
+    assert plan.measured.ends_by == "epochs" and plan.values["training.decay_by_time"] is False
+    assert plan.sources["training.decay_by_time"] == "plan"
+    cfg = load_checkpoint(planned_run / "latest.pt")["config"]["training"]
+    assert cfg["decay_by_time"] is False  # the config the Trainer received
+    t = TrainConfig().training
+    t.scheduler, t.warmup_steps = "linear", 0
+    halfway = lr_lambda(t, 100, lambda: 0.9)(49)
+    assert halfway == pytest.approx(0.1)  # the clock's 0.9 of the budget, past the steps' half
+    t.decay_by_time = False  # (what the Trainer passes then: no clock)
+    assert lr_lambda(t, 100)(49) == pytest.approx(0.5)
 
 
 def test_a_resumed_run_reuses_its_plan(planned_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -686,22 +451,23 @@ def test_a_run_with_nothing_set_by_hand_is_planned_trained_and_recorded(corpus: 
                "training.plan=auto", "training.max_minutes=0.25", f"checkpoint.dir={run_dir}"])
     result = json.loads((run_dir / "result.json").read_text())
     saved = load_checkpoint(run_dir / "latest.pt")
-    plan = planning.Plan.from_dict(result["plan"])
+    plan = planning.Plan.from_record(result["plan"])
     assert saved["plan"] == result["plan"] and result["steps"] == saved["step"] > 0
-    assert set(plan.values) == set(planning.PLANNED) and set(plan.sources.values()) == {"plan"}
-    assert plan.measured["probe_seconds"] > 0 and plan.measured["ends_by"] == "budget"
+    assert set(plan.values) == set(decide.PLANNED) and set(plan.sources.values()) == {"plan"}
     v = plan.values
-    sizes = {size: planning.shape(size, ModelConfig()) for size in rules.SIZES}
-    assert any(all(v[key] == getattr(m, key.split(".")[1]) for key in planning.SHAPE) for m in sizes.values())
+    assert plan.measured.probe_seconds > 0 and plan.measured.ends_by == "budget"
+    assert v["training.decay_by_time"] is True
+    sizes = {size: decide.shape(size, ModelConfig()) for size in rules.SIZES}
+    assert any(all(v[key] == getattr(m, key.split(".")[1]) for key in decide.SHAPE) for m in sizes.values())
     assert v["training.batch_tokens"] in rules.BATCH_CANDIDATES
     assert v["training.lr"] == rules.peak_lr(v["model.d_model"]) and v["training.scheduler"] == "linear"
-    assert v["training.warmup_steps"] == rules.warmup_steps(plan.measured["updates"])
-    assert v["training.epochs"] == planning.UNTIL_THE_BUDGET and v["model.norm_first"] is True
+    assert v["training.warmup_steps"] == rules.warmup_steps(plan.measured.updates)
+    assert v["training.epochs"] == decide.UNTIL_THE_BUDGET and v["model.norm_first"] is True
     assert v["model.dropout"] in (0.0, 0.1, 0.2, 0.3) and v["training.ema_decay"] in (0.0, 0.999)
     assert v["training.average_last"] == rules.average_last(v["training.ema_decay"], 3)
     assert v["training.valid_max_sentences"] == 60  # the whole split: fewer than FEWEST_VALID_SENTENCES
     assert v["training.valid_every_steps"] % 100 == 0
-    trained = {key: saved["config"][key.split(".")[0]][key.split(".")[1]] for key in planning.PLANNED}
+    trained = {key: saved["config"][key.split(".")[0]][key.split(".")[1]] for key in decide.PLANNED}
     assert trained == v and saved["model_config"]["d_model"] == v["model.d_model"]  # trained with them
 
 

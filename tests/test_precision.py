@@ -11,10 +11,10 @@ import torch
 
 import transformer_mt as tmt
 from tests.conftest import tiny_overrides
-from transformer_mt import runtime
-from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.checkpoints.store import load_checkpoint
 from transformer_mt.config import DeviceConfig
-from transformer_mt.translator import Translator
+from transformer_mt.decoding.translator import Translator
+from transformer_mt.runtime import device as runtime
 
 CPU = torch.device("cpu")
 

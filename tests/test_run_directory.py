@@ -17,11 +17,11 @@ from filelock import FileLock
 
 import transformer_mt as tmt
 from tests.conftest import smoke_overrides
-from transformer_mt import checkpoint
-from transformer_mt.checkpoint import load_checkpoint, save_checkpoint
+from transformer_mt.checkpoints import store as checkpoint
+from transformer_mt.checkpoints.store import load_checkpoint, save_checkpoint
 from transformer_mt.cli import main
 from transformer_mt.errors import ConfigError, TrainingError
-from transformer_mt.records import METRICS, RESULT, best_scores
+from transformer_mt.training.records import METRICS, RESULT, best_scores
 
 
 def _listing(run_dir: Path) -> dict[str, tuple[int, int]]:
@@ -61,7 +61,7 @@ def test_a_held_directory_is_refused_to_a_second_run_and_to_a_resume(
 
 def test_a_run_holds_its_directory_while_it_trains(corpus: Path, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from transformer_mt.trainer import Trainer
+    from transformer_mt.training.trainer import Trainer
 
     run_dir = tmp_path / "run"
     seen = []
@@ -231,7 +231,7 @@ def test_resume_removes_the_files_of_a_save_killed_half_way(tiny_run_copy: Path)
 
 def test_files_written_atomically_get_the_permissions_open_gives(tmp_path: Path) -> None:
     """mkstemp makes the temporary file the owner's alone; the file renamed into place must not stay so."""
-    from transformer_mt.runtime import atomic_write
+    from transformer_mt.runtime.files import atomic_write
 
     atomic_write(tmp_path / "atomic.txt", lambda f: f.write(b"x"))
     (tmp_path / "plain.txt").write_bytes(b"x")

@@ -12,10 +12,10 @@ import torch
 from tests.conftest import held_out_pairs, run_cli
 from transformer_mt.config import DecodingConfig
 from transformer_mt.data import collate
-from transformer_mt.loss import summed_nll
+from transformer_mt.decoding.scoring import score_pairs
+from transformer_mt.decoding.translator import Translator, decode_ids
 from transformer_mt.model import Ensemble
-from transformer_mt.scoring import score_pairs
-from transformer_mt.translator import Translator, decode_ids
+from transformer_mt.training.loss import summed_nll
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import torch
 
 import transformer_mt as tmt
 from tests.conftest import ROOT, multi30k, tiny_overrides
-from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.checkpoints.store import load_checkpoint
 from transformer_mt.data import load_split_tsv
 from transformer_mt.tables import markdown_table
 

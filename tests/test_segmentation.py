@@ -20,7 +20,7 @@ from transformer_mt.config import ConfigError, TokenizerConfig
 from transformer_mt.data import EncodedSplit, Ragged
 from transformer_mt.data.epochs import TrainingEpochs
 from transformer_mt.data.segmentation import BpeDropout, SubwordSampler, UnigramSampling
-from transformer_mt.tokenizer import UNK_ID, Vocabulary, train_tokenizers
+from transformer_mt.data.tokenizer import UNK_ID, Vocabulary, train_tokenizers
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import torch
 import transformer_mt as tmt
 from tests.conftest import ROOT, missing, run_cli, wait_until
 from transformer_mt.config import BatchingConfig, DecodingConfig
-from transformer_mt.translator import TextTranslator, Translation, Translator
+from transformer_mt.decoding.translator import TextTranslator, Translation, Translator
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -82,7 +82,7 @@ def test_nbest_scores_and_attention(client: TestClient, engine: Translator) -> N
 
 def test_attention_head_average_is_the_searched_alignment(client: TestClient, engine: Translator) -> None:
     """The page's default view (last layer, heads averaged) is the attention_png/TensorBoard view."""
-    from transformer_mt.search import alignment
+    from transformer_mt.decoding.search import alignment
 
     body = client.post("/translate", json={"text": ["I am cold."], "beam_size": 1,
                                            "attention": "heads"}).json()
@@ -132,8 +132,8 @@ def test_health_metrics_page_and_schema(client: TestClient, engine: Translator, 
 
 def test_a_ctranslate2_export_is_served_the_same_way(tiny_run: Path, tmp_path: Path) -> None:
     pytest.importorskip("ctranslate2")
-    from transformer_mt.ct2 import export_ctranslate2
-    from transformer_mt.engine import load_engine
+    from transformer_mt.decoding.ct2 import export_ctranslate2
+    from transformer_mt.decoding.engine import load_engine
 
     model_dir = export_ctranslate2(tiny_run, tmp_path / "ct2", quantization="float32")
     cfg = serve_config(tiny_run, "engine=ctranslate2", f"model_dir={model_dir}")

@@ -20,10 +20,10 @@ from torch.utils._pytree import tree_leaves
 
 from tests.conftest import wait_until
 from tests.test_search import BOS, EOS, random_model, source_batch
+from transformer_mt.data.tokenizer import EOS_ID
+from transformer_mt.decoding.search import beam_search, max_output_length
+from transformer_mt.decoding.translator import Translator
 from transformer_mt.errors import DataError
-from transformer_mt.search import beam_search, max_output_length
-from transformer_mt.tokenizer import EOS_ID
-from transformer_mt.translator import Translator
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402

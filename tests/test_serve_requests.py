@@ -23,8 +23,8 @@ import pytest
 
 import transformer_mt as tmt
 from tests.conftest import ROOT, run_cli
+from transformer_mt.decoding.translator import Translator
 from transformer_mt.errors import ConfigError
-from transformer_mt.translator import Translator
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -259,7 +259,7 @@ def test_translate_a_line_whose_prefix_is_too_long_fails_alone(tiny_run: Path, e
 
 
 def test_a_default_prefix_too_long_for_the_model_is_a_config_error(tiny_run: Path) -> None:
-    from transformer_mt.translator import check_default_prefix
+    from transformer_mt.decoding.translator import check_default_prefix
 
     cfg = serve_config(tiny_run)
     cfg.decoding.prefix = LONG

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import transformer_mt as tmt
-from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.checkpoints.store import load_checkpoint
 from transformer_mt.config import DatasetConfig, TokenizerConfig
 from transformer_mt.data import TokenBatchSampler, prepare_data
 from transformer_mt.errors import ConfigError, DataError

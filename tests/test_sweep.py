@@ -11,9 +11,9 @@ from omegaconf import OmegaConf
 
 from tests.conftest import run_cli, smoke_overrides
 from transformer_mt.cli import main
-from transformer_mt.composition import compose_hydra, explain_composition_error, precheck
 from transformer_mt.config import ConfigError
-from transformer_mt.sweep import markdown, write_summary
+from transformer_mt.jobs.composition import compose_hydra, explain_composition_error, precheck
+from transformer_mt.jobs.sweep import markdown, write_summary
 
 
 def _sweep_overrides(corpus: Path, root: Path, **extra: object) -> list[str]:

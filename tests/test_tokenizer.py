@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from transformer_mt.config import ConfigError, TokenizerConfig
-from transformer_mt.rules import min_vocab_size
-from transformer_mt.tokenizer import (
+from transformer_mt.config.checks import min_vocab_size
+from transformer_mt.data.tokenizer import (
     BOS_ID,
     EOS_ID,
     PAD_ID,

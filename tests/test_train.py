@@ -12,7 +12,7 @@ import pytest
 
 import transformer_mt as tmt
 from tests.conftest import run_cli, tiny_overrides
-from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.checkpoints.store import load_checkpoint
 from transformer_mt.config import CheckpointError, DataError
 
 

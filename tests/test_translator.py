@@ -7,10 +7,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from transformer_mt.checkpoint import build_model
+from transformer_mt.checkpoints.store import build_model
 from transformer_mt.config import DecodingConfig, ModelConfig, TokenizerConfig
-from transformer_mt.tokenizer import train_tokenizers
-from transformer_mt.translator import Translator
+from transformer_mt.data.tokenizer import train_tokenizers
+from transformer_mt.decoding.translator import Translator
 
 SENTENCES = ["He is sleeping.", "I am cold.", "Where is the station?", "Il dort.", "J'ai froid.",
              "Où est la gare ?", "Nous allons à la plage demain.", "Ça coûte 5 € ; c'est « cher » !"]

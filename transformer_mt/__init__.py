@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from transformer_mt.translator import Translator
+    from transformer_mt.decoding.translator import Translator
 
 __version__ = "0.1.0"
 __all__ = ["Translator", "compose", "evaluate", "export", "score", "train", "translate"]
@@ -30,7 +30,7 @@ __all__ = ["Translator", "compose", "evaluate", "export", "score", "train", "tra
 
 def compose(command: str, overrides: Sequence[str] = ()) -> Any:
     """The typed, validated config of `transformer-mt <command> <overrides>`."""
-    from transformer_mt.composition import compose as compose_config
+    from transformer_mt.jobs.composition import compose as compose_config
 
     return compose_config(command, overrides)
 
@@ -48,8 +48,8 @@ def _typed(command: str, config: Any) -> Any:
 def train(config: Any = ()) -> float:
     """`transformer-mt train`: overrides or a TrainConfig in, the best validation metric out; with
     `resume=<run>` among the overrides, the run's own overrides are replayed first, as on the command line."""
+    from transformer_mt.config.overrides import with_resumed_overrides
     from transformer_mt.jobs.train import train as job
-    from transformer_mt.overrides import with_resumed_overrides
 
     if isinstance(config, (list, tuple)):
         config = with_resumed_overrides(config)
@@ -87,7 +87,7 @@ def score(config: Any = ()) -> list[Any]:
 def __getattr__(name: str) -> Any:
     """`transformer_mt.Translator`, imported on first use."""
     if name == "Translator":
-        from transformer_mt.translator import Translator
+        from transformer_mt.decoding.translator import Translator
 
         return Translator
     raise AttributeError(f"module 'transformer_mt' has no attribute {name!r}")

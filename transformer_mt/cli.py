@@ -18,12 +18,17 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from transformer_mt.composition import precheck
 from transformer_mt.config import CONFIG_DIR, SCHEMAS, validate
+from transformer_mt.config.overrides import (
+    MULTIRUN_FLAGS,
+    ensemble_checkpoints,
+    split_flags,
+    with_resumed_overrides,
+)
+from transformer_mt.config.resolvers import register
+from transformer_mt.config.typed import to_dataclass
 from transformer_mt.errors import UserError
-from transformer_mt.overrides import MULTIRUN_FLAGS, ensemble_checkpoints, split_flags, with_resumed_overrides
-from transformer_mt.resolvers import register
-from transformer_mt.typed import to_dataclass
+from transformer_mt.jobs.composition import precheck
 
 COMMANDS = {
     "train": "train a model (checkpoints, TensorBoard logs and validation every epoch)",
@@ -177,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.argv = ["transformer-mt", *rest]
         _hydra_main(command, extras)()
         return 0
-    from transformer_mt import distributed
+    from transformer_mt.training import distributed
 
     try:
         sys.argv = ["transformer-mt", *_join_process_group(world, rest)]
@@ -195,7 +200,7 @@ def _torchrun_world(command: str, args: list[str]) -> Any:
     """
     if os.environ.get("WORLD_SIZE", "1").strip() in ("", "1"):
         return None
-    from transformer_mt import distributed
+    from transformer_mt.training import distributed
 
     world = distributed.env_world()
     if not world.distributed:
@@ -213,7 +218,7 @@ def _join_process_group(world: Any, args: list[str]) -> list[str]:
 
     They log warnings only and don't write Hydra's `.hydra/` files into the directory they share.
     """
-    from transformer_mt import distributed
+    from transformer_mt.training import distributed
 
     distributed.init(world)
     distributed.share_start_time(world)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
 @dataclass

@@ -32,8 +32,8 @@ from transformer_mt.data.corpora import Corpus, Skipped, locate
 from transformer_mt.data.memory import index_type, release_freed_memory
 from transformer_mt.data.ragged import Ragged
 from transformer_mt.data.split import TEST, TRAIN, VALID, assign, sentence_key
+from transformer_mt.data.tokenizer import Vocabulary, train_tokenizers
 from transformer_mt.errors import DataError
-from transformer_mt.tokenizer import Vocabulary, train_tokenizers
 
 log = logging.getLogger(__name__)
 CACHE_FORMAT = 4  # bump when the cached content or its layout changes (4: a lone \r ends a line)

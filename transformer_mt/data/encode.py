@@ -32,8 +32,8 @@ from transformer_mt.data.batching import Batch, collate
 from transformer_mt.data.cache import cached
 from transformer_mt.data.ragged import Ragged
 from transformer_mt.data.split import SPLIT_DIR
+from transformer_mt.data.tokenizer import Vocabulary
 from transformer_mt.errors import DataError
-from transformer_mt.tokenizer import Vocabulary
 
 if TYPE_CHECKING:
     from transformer_mt.data.mixture import Mixture

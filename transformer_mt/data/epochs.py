@@ -13,8 +13,6 @@ import logging
 import time
 from collections.abc import Callable
 
-import numpy as np
-
 from transformer_mt.data.batching import Batch, TokenBatchSampler
 from transformer_mt.data.encode import EncodedSplit
 from transformer_mt.data.mixture import Mixture
@@ -29,11 +27,10 @@ class TrainingEpochs:
 
     def __init__(self, train: EncodedSplit, batch_tokens: int, seed: int,
                  subwords: SubwordSampler | None = None, pad_to_multiple: int = 1,
-                 mixture: Mixture | None = None, rest: tuple[int, np.ndarray] | None = None) -> None:
+                 mixture: Mixture | None = None) -> None:
         self.train, self.batch_tokens, self.seed, self.subwords = train, batch_tokens, seed, subwords
         self.pad_to_multiple = pad_to_multiple  # batch lengths and row counts (batching.py)
         self.mixture = mixture
-        self.rest = rest  # (epoch, the rows of its pairs it still trains on), after a resize within it
         self._varies = subwords is not None or (mixture is not None and mixture.varies)
         self._latest: tuple[int, EncodedSplit, TokenBatchSampler] | None = None
 
@@ -44,23 +41,9 @@ class TrainingEpochs:
         assert self._latest is not None
         return self._latest[1], self._latest[2]
 
-    def resized(self, batch_tokens: int, epoch: int | None = None, trained: int = 0,
-                world_size: int = 1) -> TrainingEpochs:
-        """The same epochs, cut into batches of another size; with `epoch`, from its `trained` batches
-        (of each of `world_size` ranks) on: the rest of it is its pairs that those batches did not hold."""
-        rest = None
-        if epoch is not None:  # (a resumed run rebuilds the epoch it trained before: not logged again)
-            split, sampler = self._build(epoch, log.debug) if self._stale(epoch) else self(epoch)
-            held = np.zeros(len(split), dtype=bool)
-            for batch in sampler.batches(epoch)[:trained * world_size]:  # every rank's first batches
-                held[batch] = True
-            rest = (epoch, np.flatnonzero(~held))
-        return TrainingEpochs(self.train, batch_tokens, self.seed, self.subwords, self.pad_to_multiple,
-                              self.mixture, rest)
-
     def _stale(self, epoch: int) -> bool:
         """Whether `epoch`'s pairs or batches differ from the latest epoch's kept."""
-        return self._latest is None or (self._latest[0] != epoch and (self._varies or self.rest is not None))
+        return self._latest is None or (self._latest[0] != epoch and self._varies)
 
     def _build(self, epoch: int, say: Callable[..., None]) -> tuple[EncodedSplit, TokenBatchSampler]:
         """`epoch`'s pairs and sampler, each step that makes them told by `say` (a log level's function)."""
@@ -69,9 +52,6 @@ class TrainingEpochs:
             rows = self.mixture.rows(epoch)
             split = split.subset(rows)
             say("epoch %d: %d training pairs: %s", epoch + 1, len(rows), self.mixture.describe(rows))
-        if self.rest is not None and self.rest[0] == epoch:
-            split = split.subset(self.rest[1])
-            say("epoch %d goes on with the %d pairs its batches have not held", epoch + 1, len(split))
         sampler = TokenBatchSampler(split.lengths(), self.batch_tokens, seed=self.seed,
                                     pad_to_multiple=self.pad_to_multiple)
         say("epoch %d: %d batches in %d shapes, %.1f%% of their positions padding", epoch + 1, len(sampler),

@@ -33,8 +33,8 @@ from transformer_mt.data.encode import (
     write_summary,
 )
 from transformer_mt.data.ragged import Ragged
+from transformer_mt.data.tokenizer import Vocabulary, train_tokenizers
 from transformer_mt.errors import ConfigError, DataError
-from transformer_mt.tokenizer import Vocabulary, train_tokenizers
 
 log = logging.getLogger(__name__)
 

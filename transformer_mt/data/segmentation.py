@@ -26,7 +26,7 @@ from tokenizers import Tokenizer
 from transformer_mt.config import TokenizerConfig
 from transformer_mt.data.encode import EncodedSplit
 from transformer_mt.data.ragged import Ragged
-from transformer_mt.tokenizer import UNK_ID, Vocabulary
+from transformer_mt.data.tokenizer import UNK_ID, Vocabulary
 
 CHUNK = 4096  # sentences decoded at once
 

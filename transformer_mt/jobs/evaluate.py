@@ -17,10 +17,11 @@ from typing import Any
 from transformer_mt.config import DatasetConfig, EvaluateConfig
 from transformer_mt.data import LINE_ENDS, held_out_pairs, load_split_tsv, read_lines
 from transformer_mt.data.split import SPLIT_DIR
+from transformer_mt.decoding.metrics import Scores, score
+from transformer_mt.decoding.translator import Translator
 from transformer_mt.errors import ConfigError, DataError
-from transformer_mt.metrics import Scores, score
-from transformer_mt.runtime import atomic_write, configure_threads, select_device
-from transformer_mt.translator import Translator
+from transformer_mt.runtime.device import configure_threads, select_device
+from transformer_mt.runtime.files import atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,11 @@
-"""The `export` job: a checkpoint as a CTranslate2 model directory (`transformer_mt.ct2`)."""
+"""The `export` job: a checkpoint as a CTranslate2 model directory (`transformer_mt.decoding.ct2`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from transformer_mt.config import ExportConfig
-from transformer_mt.ct2 import export_ctranslate2
+from transformer_mt.decoding.ct2 import export_ctranslate2
 
 
 def export(cfg: ExportConfig) -> Path:

@@ -17,10 +17,11 @@ from pathlib import Path
 
 from transformer_mt.config import ScoreConfig
 from transformer_mt.data import LINE_ENDS, read_lines, utf8_lines
+from transformer_mt.decoding.scoring import PairScore
+from transformer_mt.decoding.translator import Translator
 from transformer_mt.errors import DataError
-from transformer_mt.runtime import atomic_write, configure_threads, select_device
-from transformer_mt.scoring import PairScore
-from transformer_mt.translator import Translator
+from transformer_mt.runtime.device import configure_threads, select_device
+from transformer_mt.runtime.files import atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from transformer_mt.config import ServeConfig
-from transformer_mt.engine import load_engine
+from transformer_mt.decoding.engine import load_engine
+from transformer_mt.decoding.translator import check_default_prefix
 from transformer_mt.errors import ConfigError
-from transformer_mt.translator import check_default_prefix
 
 log = logging.getLogger(__name__)
 BACKLOG = 2048  # connections the kernel queues before uvicorn accepts them (uvicorn's default)

@@ -1,19 +1,23 @@
-"""The `train` job: Hydra's view of the run (its directory, overrides, job number) handed to the Trainer
-(`trainer.py`)."""
+"""The `train` job: Hydra's view of the run (its directory, overrides, job number); what the run starts from
+(training/start.py), then its plan (plan/: `training.plan=auto`, or a resumed run's own), then the Trainer
+with the planned config (training/trainer.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-from transformer_mt import distributed, rundir
+from transformer_mt import plan as planning
 from transformer_mt.config import TrainConfig
-from transformer_mt.trainer import Trainer
+from transformer_mt.training import distributed, rundir
+from transformer_mt.training.start import start_run
+from transformer_mt.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
 LOG_FILE = "train.log"  # the name Hydra's job logging gives it on the command line
@@ -29,12 +33,22 @@ def train(cfg: TrainConfig) -> float:
     run_dir = Path(cfg.checkpoint.dir).expanduser().resolve()  # Hydra's, unless given (resolvers.py)
     claim = rundir.claim(run_dir, cfg.resume, cfg.checkpoint.overwrite, distributed.current().is_main)
     with claim, _log_file(run_dir):  # one run at a time in the directory, for the run's life
-        trainer = Trainer(cfg, run_dir, overrides, job)
+        trainer = build_trainer(cfg, run_dir, overrides, job)
         best = trainer.fit()
     if trainer.interrupt.requested and multirun:
         log.warning("sweep interrupted: the remaining jobs were not started")  # Ctrl-C stops the sweep
         raise SystemExit(130)
     return best
+
+
+def build_trainer(cfg: TrainConfig, run_dir: Path, overrides: Sequence[str] = (), job: int | None = None,
+                  clock: Callable[[], float] = time.perf_counter) -> Trainer:
+    """The run's Trainer: its start, then its plan applied to its config, decided once before training."""
+    start = start_run(cfg, run_dir)
+    cfg, plan = planning.settle(cfg, start, overrides)
+    if plan is None:
+        return Trainer(cfg, run_dir, start, overrides, job, clock=clock)
+    return Trainer(cfg, run_dir, start, overrides, job, plan.record(), plan.measured.probe_seconds, clock)
 
 
 @contextlib.contextmanager

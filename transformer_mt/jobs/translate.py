@@ -16,16 +16,16 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, TextIO, TypeVar
 
-from transformer_mt.alignment import pharaoh
-from transformer_mt.arguments import not_utf8_text
 from transformer_mt.config import TranslateConfig
+from transformer_mt.config.arguments import not_utf8_text
+from transformer_mt.config.checks import raise_if
 from transformer_mt.data import open_binary, utf8_lines
-from transformer_mt.engine import load_engine
+from transformer_mt.decoding.alignment import pharaoh
+from transformer_mt.decoding.engine import load_engine
+from transformer_mt.decoding.search import alignment
+from transformer_mt.decoding.translator import TextTranslator, Translation, check_default_prefix
 from transformer_mt.errors import ConfigError, DataError
-from transformer_mt.rules import raise_if
-from transformer_mt.runtime import atomic_write
-from transformer_mt.search import alignment
-from transformer_mt.translator import TextTranslator, Translation, check_default_prefix
+from transformer_mt.runtime.files import atomic_write
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -357,10 +357,3 @@ class Transformer(nn.Module):
     def num_parameters(self) -> int:
         """Number of distinct trainable parameters (shared weights counted once)."""
         return sum(p.numel() for p in self.parameters())
-
-    def set_dropout(self, p: float) -> None:
-        """Change `model.dropout` (on the embeddings and each sub-layer's output) of a built model, as
-        a planned run does when it plans its dropout again; attention and FFN dropout stay."""
-        self.config.dropout = p
-        for module in (self.encoder, self.decoder, *self.encoder.layers, *self.decoder.layers):
-            module.dropout.p = p

@@ -1,8 +1,5 @@
-"""The rules a plan follows: each setting from what the probe measured and what the budget holds.
-
-Every rule is a small pure function of measured quantities, so that a test can state what it does and
-docs/planning.md can say which measurement each comes from.
-"""
+"""The rules a plan follows, each setting a small pure function of what the probe measured and what the
+budget holds: a test states what each does, docs/planning.md which measurement it rests on."""
 
 from __future__ import annotations
 

@@ -28,14 +28,14 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
-from transformer_mt.alignment import pharaoh
 from transformer_mt.config import ServeConfig
+from transformer_mt.config.checks import n_best_in_beam
+from transformer_mt.decoding.alignment import pharaoh
+from transformer_mt.decoding.translator import TextTranslator, Translation
 from transformer_mt.errors import UserError
-from transformer_mt.rules import n_best_in_beam
 from transformer_mt.serve.attention import AttentionMap, attention_map, check_attention_size
 from transformer_mt.serve.batcher import Batcher, ClientGone, QueueFull, Search
 from transformer_mt.serve.guard import RequestGuard, max_body_bytes, read_body
-from transformer_mt.translator import TextTranslator, Translation
 
 log = logging.getLogger(__name__)
 LATENCY_WINDOW = 10_000  # latest /translate latencies kept for the percentiles

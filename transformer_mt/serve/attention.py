@@ -13,9 +13,9 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
 from transformer_mt.config import ServeConfig
-from transformer_mt.search import max_output_length
-from transformer_mt.tokenizer import EOS
-from transformer_mt.translator import TextTranslator, Translation
+from transformer_mt.data.tokenizer import EOS
+from transformer_mt.decoding.search import max_output_length
+from transformer_mt.decoding.translator import TextTranslator, Translation
 
 
 class AttentionMap(BaseModel):

@@ -31,9 +31,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from transformer_mt.config import BatchingConfig
+from transformer_mt.decoding.search import DecodingStopped
+from transformer_mt.decoding.translator import TextTranslator, Translation
 from transformer_mt.errors import UserError
-from transformer_mt.search import DecodingStopped
-from transformer_mt.translator import TextTranslator, Translation
 
 log = logging.getLogger(__name__)
 SHUTDOWN = (SystemExit, KeyboardInterrupt)  # the only exceptions the worker lets end it

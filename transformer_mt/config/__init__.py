@@ -1,0 +1,37 @@
+"""The config layer: the typed schema of every setting (schema.py), the rules for their values (checks.py),
+how YAML and overrides become typed configs (typed.py, overrides.py, resolvers.py), and the rules for
+command-line arguments (arguments.py). `transformer_mt.config` is the schema's public name."""
+
+from transformer_mt.config.schema import (
+    CONFIG_DIR,
+    SCHEMAS,
+    BatchingConfig,
+    CheckpointConfig,
+    DatasetConfig,
+    DecodingConfig,
+    DeviceConfig,
+    EngineConfig,
+    EvaluateConfig,
+    ExportConfig,
+    LimitsConfig,
+    MixedCorpus,
+    ModelConfig,
+    ScoreConfig,
+    SearchConfig,
+    Section,
+    ServeConfig,
+    TokenizerConfig,
+    TrainConfig,
+    TrainingConfig,
+    TranslateConfig,
+    resolve_path,
+    validate,
+)
+from transformer_mt.errors import CheckpointError, ConfigError, DataError, TrainingError, UserError
+
+__all__ = ["CONFIG_DIR", "SCHEMAS", "BatchingConfig", "CheckpointConfig", "CheckpointError",
+           "ConfigError", "DataError", "DatasetConfig", "DecodingConfig", "DeviceConfig",
+           "EngineConfig", "EvaluateConfig", "ExportConfig", "LimitsConfig", "MixedCorpus",
+           "ModelConfig", "ScoreConfig", "SearchConfig", "Section", "ServeConfig", "TokenizerConfig",
+           "TrainConfig", "TrainingConfig", "TranslateConfig", "TrainingError", "UserError",
+           "resolve_path", "validate"]

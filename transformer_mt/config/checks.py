@@ -1,0 +1,394 @@
+"""Which values each setting allows: the tables of choices and ranges, and the rules between keys.
+
+Keys are full paths (`model.d_model`); a command checks the keys it has. `section_problems` applies the
+tables to a config section and lists every problem, one message each, so that `config.validate` (and a
+section's own `check()`) can report them all at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from transformer_mt.config.arguments import not_utf8_text, output_problems
+from transformer_mt.errors import ConfigError
+
+if TYPE_CHECKING:  # types only: the schemas import this module
+    from transformer_mt.config import (
+        DatasetConfig,
+        DecodingConfig,
+        DeviceConfig,
+        EngineConfig,
+        EvaluateConfig,
+        ExportConfig,
+        MixedCorpus,
+        ModelConfig,
+        ScoreConfig,
+        ServeConfig,
+        TokenizerConfig,
+        TrainConfig,
+        TrainingConfig,
+        TranslateConfig,
+    )
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "dataset.name": ("tatoeba", "parallel", "hf", "opus_books"),
+    "tokenizer.kind": ("bpe", "unigram", "wordlevel", "char"),
+    "model.activation": ("relu", "gelu"),
+    "model.positional": ("sinusoidal", "learned"),
+    "device.name": ("auto", "cpu", "cuda", "mps"),
+    "device.amp": ("auto", "off", "bf16", "fp16"),
+    "training.scheduler": ("noam", "linear", "cosine", "constant"),
+    "training.best_metric": ("bleu", "chrf", "loss", "cer", "wer"),
+    "training.plan": ("off", "auto"),
+    "split": ("test", "valid"),
+    "engine": ("pytorch", "ctranslate2"),
+    "input_format": ("text", "tsv"),
+    "output_format": ("tsv", "json"),
+    "quantization": ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
+                     "bfloat16", "float32"),
+}
+
+Rule = tuple[Callable[[Any], bool], str]  # (is the value allowed?, what it must be)
+
+
+def at_least(low: float, or_null: bool = False) -> Rule:
+    """value >= low (or None, when or_null)."""
+    return (lambda v: (or_null and v is None) or (v is not None and v >= low),
+            f">= {low}{' or null' if or_null else ''}")
+
+
+def between(low: int, high: int) -> Rule:
+    """low <= value <= high."""
+    return (lambda v: low <= v <= high, f"between {low} and {high}")
+
+
+# Upper bounds on what sizes a model: far above any model this toolkit trains (the paper's big model has
+# d_model 1024, FFN 4096, 6+6 layers), so that a checkpoint's config cannot claim more than a machine holds
+# before its weights are compared with it (checkpoint_check.py), nor a typo start a run that cannot fit.
+MAX_D_MODEL = 16384
+MAX_HEADS = 1024
+MAX_D_FF = 65536
+MAX_LAYERS = 256
+MAX_POSITIONS = 16384  # the sinusoid table (max_positions x d_model) is built, not loaded
+MAX_VOCAB_SIZE = 1_048_576
+
+PROBABILITY: Rule = (lambda v: 0.0 <= v < 1.0, "in [0, 1)")
+POSITIVE: Rule = (lambda v: v > 0, "> 0")
+# How many times an epoch holds a corpus's pairs (data/mixture.py): inf or nan would make no epoch.
+MIX_WEIGHT: Rule = (lambda v: math.isfinite(v) and v > 0,
+                    "a finite number > 0 (leave a corpus out of dataset.mix rather than weigh it 0)")
+
+RANGES: dict[str, Rule] = {
+    "dataset.max_pairs": at_least(10, or_null=True),
+    "dataset.min_len": at_least(0),
+    "dataset.valid_size": at_least(1),
+    "dataset.test_size": at_least(0),
+    "dataset.weight": MIX_WEIGHT,
+    "tokenizer.min_frequency": at_least(1),
+    "tokenizer.max_sentences": at_least(100),
+    "tokenizer.dropout": PROBABILITY,
+    "tokenizer.alpha": at_least(0),
+    "tokenizer.vocab_size": (lambda v: v <= MAX_VOCAB_SIZE, f"<= {MAX_VOCAB_SIZE}"),  # its low: relations
+    "model.d_model": between(1, MAX_D_MODEL),
+    "model.n_heads": between(1, MAX_HEADS),
+    "model.d_ff": between(1, MAX_D_FF),
+    "model.encoder_layers": between(1, MAX_LAYERS),
+    "model.decoder_layers": between(1, MAX_LAYERS),
+    "model.max_positions": between(1, MAX_POSITIONS),
+    **{f"model.{k}": PROBABILITY for k in ("dropout", "attention_dropout", "activation_dropout")},
+    "model.layer_norm_eps": (lambda v: 0 < v < 1, "in (0, 1)"),
+    "device.num_threads": at_least(1, or_null=True),
+    "device.num_interop_threads": at_least(1, or_null=True),
+    "training.epochs": at_least(1),
+    "training.batch_tokens": at_least(16),
+    "training.pad_to_multiple": at_least(1, or_null=True),
+    "training.accumulate": at_least(1),
+    "training.lr": POSITIVE,
+    "training.warmup_steps": at_least(0),
+    "training.min_lr": at_least(0),
+    "training.label_smoothing": PROBABILITY,
+    "training.ema_decay": PROBABILITY,
+    "training.clip_grad_norm": at_least(0),
+    "training.log_every": at_least(1),
+    "training.valid_max_sentences": at_least(1),
+    "training.valid_every_steps": at_least(0),
+    "training.keep_last": at_least(1),
+    "training.patience": at_least(0),
+    "training.save_every_steps": at_least(0),
+    "training.max_bad_steps": at_least(1),
+    "training.max_minutes": (lambda v: v is None or v > 0, "> 0 or null"),
+    "training.num_samples": at_least(0),
+    "training.betas": (lambda v: len(v) == 2 and all(0.0 <= b < 1.0 for b in v), "two numbers in [0, 1)"),
+    "decoding.beam_size": at_least(1),
+    "decoding.max_len_a": at_least(0),
+    "decoding.max_len_b": at_least(1),
+    "decoding.batch_tokens": at_least(1, or_null=True),
+    "decoding.temperature": POSITIVE,
+    "decoding.top_k": at_least(0),
+    "decoding.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "max_sentences": at_least(1, or_null=True),
+    "max_input_tokens": at_least(1, or_null=True),
+    "port": (lambda v: 0 <= v <= 65535, "a TCP port in [0, 65535] (0: any free port)"),
+    "batching.window_ms": at_least(0),
+    "batching.max_sentences": at_least(1),
+    "batching.max_queue": at_least(1),
+    "limits.max_texts": at_least(1),
+    "limits.max_chars": at_least(1),
+    "limits.max_beam_size": at_least(1),
+    "limits.timeout_s": POSITIVE,
+    "limits.body_timeout_s": POSITIVE,
+    "limits.max_header_bytes": at_least(1024),
+    "limits.max_connections": at_least(1),
+    "limits.idle_timeout_s": POSITIVE,
+    "limits.max_attention_values": at_least(1),
+}
+
+# Every vocabulary starts with these, ids 0-3 in this order (transformer_mt.data.tokenizer takes them from
+# here, where the smallest vocabulary size counts them).
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
+BYTE_ALPHABET = 256  # byte-level BPE starts from every byte
+
+
+def min_vocab_size(kind: str) -> int:
+    """The smallest vocabulary a tokenizer kind can be trained with."""
+    return len(SPECIAL_TOKENS) + (BYTE_ALPHABET if kind == "bpe" else 1)
+
+
+def _model_relations(m: ModelConfig) -> list[str]:
+    found = []
+    if m.n_heads >= 1 and m.d_model % m.n_heads:
+        example = m.n_heads * max(1, m.d_model // m.n_heads)
+        found.append(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}; "
+                     f"pick d_model a multiple of n_heads (e.g. {example})")
+    if m.positional == "sinusoidal" and m.d_model % 2:
+        found.append(f"model.d_model={m.d_model} must be even for sinusoidal positions")
+    return found
+
+
+def _dataset_relations(d: DatasetConfig) -> list[str]:
+    found = out_of_range("dataset.max_len", d.max_len, d.max_len >= max(1, d.min_len),
+                         f">= dataset.min_len ({d.min_len}) and >= 1")
+    if d.src_lang == d.tgt_lang:
+        found.append(f"dataset.src_lang and dataset.tgt_lang are both {d.src_lang!r}; translate between two")
+    if d.name == "tatoeba" and "en" not in (d.src_lang, d.tgt_lang):  # every Tatoeba file is <lang>-eng
+        found.append(f"dataset=tatoeba pairs English with another language: set dataset.src_lang or "
+                     f"dataset.tgt_lang to en (they are {d.src_lang!r}, {d.tgt_lang!r})")
+    if d.name == "tatoeba" and not d.path:
+        found.append("dataset=tatoeba needs dataset.path=<the <lang>-eng.zip or its .txt>")
+    if d.name == "parallel":
+        found += _parallel_files(d)
+    if d.tag is not None and (not d.tag.strip() or any(c in d.tag for c in "\t\r\n")):
+        found.append(f"dataset.tag={d.tag!r}: give a tag of visible text on one line, e.g. <bt>, or null")
+    for k, corpus in enumerate(d.mix):
+        found += _mixed_corpus(d, k, corpus)
+    if d.name in ("hf", "opus_books") and not (d.hf_path or d.hf_data_files):
+        found.append(f"dataset={d.name} needs dataset.hf_path=<a hub dataset or a save_to_disk directory> "
+                     "(or dataset.hf_data_files=<.jsonl>)")
+    return found
+
+
+MIXABLE = ("tatoeba", "parallel", "hf")  # the corpora dataset.mix reads
+
+
+def _mixed_corpus(d: DatasetConfig, k: int, corpus: MixedCorpus) -> list[str]:
+    """A corpus of dataset.mix: its own keys, then the dataset rules of the section that reads it."""
+    key = f"dataset.mix[{k}]"
+    if corpus.name not in MIXABLE:
+        return [f"{key}.name={corpus.name!r} is not allowed; choose one of: {', '.join(MIXABLE)}"]
+    found = out_of_range(f"{key}.weight", corpus.weight, MIX_WEIGHT[0](corpus.weight), MIX_WEIGHT[1])
+    pairs = corpus.max_pairs
+    found += out_of_range(f"{key}.max_pairs", pairs, pairs is None or pairs >= 10, ">= 10 or null")
+    shared = ("dataset.max_len", "dataset.src_lang and")  # the dataset's own keys: reported once
+    return found + [f"{key}: " + p.replace("dataset.", f"{key}.") for p in
+                    _dataset_relations(corpus.dataset(d)) if not p.startswith(shared)]
+
+
+def _parallel_files(d: DatasetConfig) -> list[str]:
+    """Each part as two files (its src_path and tgt_path) or one TSV; training data is required."""
+    found = []
+    for part, pair, tsv in (("", (d.src_path, d.tgt_path), d.path),
+                            ("valid_", (d.valid_src_path, d.valid_tgt_path), d.valid_path),
+                            ("test_", (d.test_src_path, d.test_tgt_path), d.test_path)):
+        if bool(pair[0]) != bool(pair[1]):
+            found.append(f"dataset.{part}src_path and dataset.{part}tgt_path go together; give both")
+        elif pair[0] and tsv:
+            found.append(f"dataset.{part}path (a TSV) and dataset.{part}src_path/tgt_path are two ways "
+                         "to give the same pairs; keep one")
+    if not (d.src_path or d.path):
+        found.append("dataset=parallel needs its training pairs: dataset.src_path=<file> "
+                     "dataset.tgt_path=<file>, or dataset.path=<source<TAB>target file>")
+    if (d.test_src_path or d.test_path) and not (d.valid_src_path or d.valid_path):
+        found.append("dataset=parallel takes test pairs with valid pairs of their own: add dataset."
+                     "valid_src_path/valid_tgt_path (or valid_path), or leave both to the split")
+    return found
+
+
+def _tokenizer_relations(t: TokenizerConfig) -> list[str]:
+    minimum = min_vocab_size(t.kind)
+    parts = f"{len(SPECIAL_TOKENS)} special tokens + {'256 bytes' if t.kind == 'bpe' else '1 symbol'}"
+    found = out_of_range("tokenizer.vocab_size", t.vocab_size, t.vocab_size >= minimum,
+                         f">= {minimum} for tokenizer={t.kind} ({parts})")
+    # Subword regularisation: BPE-dropout for bpe, sampling for unigram (data/segmentation.py).
+    for key, value, kind in (("dropout", t.dropout, "bpe"), ("alpha", t.alpha, "unigram")):
+        if value and t.kind != kind:
+            found.append(f"tokenizer.{key}={value} applies to tokenizer={kind} only (this run has "
+                         f"tokenizer={t.kind}); set tokenizer.{key}=0"
+                         + (" or use tokenizer.alpha for unigram" if kind == "bpe" else ""))
+    return found
+
+
+ATTENTION_BACKENDS = ("efficient", "flash", "cudnn", "math")  # model.attention.BACKENDS' names
+
+
+def _device_relations(d: DeviceConfig) -> list[str]:
+    unknown = [name for name in d.attention_backends if name not in ATTENTION_BACKENDS]
+    if unknown:
+        return [f"device.attention_backends={list(d.attention_backends)} names unknown kernel(s) "
+                f"{', '.join(map(str, unknown))}; choose from: {', '.join(ATTENTION_BACKENDS)} "
+                "([] leaves the choice to PyTorch)"]
+    return []
+
+
+def _training_relations(t: TrainingConfig) -> list[str]:
+    return (out_of_range("training.average_last", t.average_last, 0 <= t.average_last <= t.keep_last,
+                         f"between 0 and training.keep_last ({t.keep_last}), since only kept "
+                         "checkpoints average")
+            + out_of_range("training.max_minutes", t.max_minutes,
+                           t.plan != "auto" or t.max_minutes is not None,
+                           "a number of minutes with training.plan=auto, which plans that budget"))
+
+
+def n_best_in_beam(n_best: int, beam_size: int, prefix: str = "decoding.") -> list[str]:
+    """An n-best list is taken from the beam: 1 <= n_best <= beam_size (the config, and a request to
+    the server, whose keys have no prefix)."""
+    return out_of_range(f"{prefix}n_best", n_best, 1 <= n_best <= beam_size,
+                        f"between 1 and {prefix}beam_size ({beam_size})")
+
+
+def _decoding_relations(dc: DecodingConfig) -> list[str]:
+    return n_best_in_beam(dc.n_best, dc.beam_size)
+
+
+def _train_relations(cfg: TrainConfig) -> list[str]:
+    found = []
+    if cfg.model.tie_embeddings and not cfg.tokenizer.joint:
+        found.append("model.tie_embeddings=true needs tokenizer.joint=true; set one of them to false")
+    if cfg.init and cfg.resume:
+        found.append(f"init={cfg.init} starts a new run from a trained model, resume={cfg.resume} continues "
+                     "a run (a fine-tuning run too, with resume= alone): give one of them")
+    if cfg.dataset.max_len + 2 > cfg.model.max_positions:
+        found.append(f"dataset.max_len={cfg.dataset.max_len} needs model.max_positions >= "
+                     f"{cfg.dataset.max_len + 2}")
+    return found
+
+
+_CHECKPOINT = "checkpoint= is required: a .pt file or a run directory under saved_weights/"
+
+
+def _engine_relations(cfg: EngineConfig) -> list[str]:
+    found = []
+    if cfg.engine == "ctranslate2" and cfg.device.name == "mps":
+        found.append("engine=ctranslate2 runs on cpu or cuda, not mps; set device=cpu")
+    if cfg.engine == "ctranslate2" and cfg.decoding.alignment:
+        found.append("decoding.alignment=true runs on engine=pytorch (it reads the model's cross-attention)")
+    return found
+
+
+def _translate_relations(cfg: TranslateConfig) -> list[str]:
+    return (_engine_relations(cfg) + not_utf8_text("text=", cfg.text) + output_problems("output", cfg.output)
+            + output_problems("attention_png", cfg.attention_png))
+
+
+def _serve_relations(cfg: ServeConfig) -> list[str]:
+    found = _engine_relations(cfg)
+    if cfg.decoding.beam_size > cfg.limits.max_beam_size:
+        found.append(f"decoding.beam_size={cfg.decoding.beam_size} is above limits.max_beam_size="
+                     f"{cfg.limits.max_beam_size}; raise the limit or lower the default")
+    if cfg.batching.max_queue < cfg.limits.max_texts:
+        found.append(f"batching.max_queue={cfg.batching.max_queue} cannot hold one request of "
+                     f"limits.max_texts={cfg.limits.max_texts} texts; raise max_queue")
+    if not cfg.allowed_hosts:
+        found.append("allowed_hosts is empty; list the host names clients use, or allowed_hosts=[*] for any")
+    return found
+
+
+def _engine_needs(cfg: EngineConfig) -> list[str]:
+    if cfg.engine == "ctranslate2":
+        return [] if cfg.model_dir else ["engine=ctranslate2 needs model_dir=<directory written by "
+                                         "`transformer-mt export checkpoint=...`>"]
+    return [] if cfg.checkpoint else [_CHECKPOINT]
+
+
+def _needs_checkpoint(cfg: EvaluateConfig | ExportConfig | ScoreConfig) -> list[str]:
+    return [] if cfg.checkpoint else [_CHECKPOINT]
+
+
+def _evaluate_relations(cfg: EvaluateConfig) -> list[str]:
+    found = output_problems("output_dir", cfg.output_dir, directory=True)
+    if cfg.decoding.alignment:
+        found.append("decoding.alignment=true is for translate and serve; evaluate scores the translations "
+                     "alone")
+    return found
+
+
+def _score_relations(cfg: ScoreConfig) -> list[str]:
+    found = output_problems("output", cfg.output)
+    if cfg.input is not None and (cfg.src is not None or cfg.tgt is not None):
+        found.append("give the pairs as input=<TSV> or as src=<file> tgt=<file>, not both")
+    elif (cfg.src is None) != (cfg.tgt is None):
+        found.append("src= and tgt= come together: one file of sources, one of their targets, aligned")
+    return found
+
+
+def _needs_run_dir(cfg: TrainConfig) -> list[str]:
+    return [] if cfg.checkpoint.dir else ["checkpoint.dir=null leaves the run without a directory; name "
+                                          "one, or leave the key out (the command line and compose() "
+                                          "then set it)"]
+
+
+# Rules between keys, by schema: a section's own, then a command's across its sections.
+RELATIONS: dict[str, Callable[[Any], list[str]]] = {
+    "ModelConfig": _model_relations, "DatasetConfig": _dataset_relations,
+    "TokenizerConfig": _tokenizer_relations, "TrainingConfig": _training_relations,
+    "DeviceConfig": _device_relations,
+    "DecodingConfig": _decoding_relations, "TrainConfig": _train_relations,
+    "TranslateConfig": _translate_relations, "ServeConfig": _serve_relations, "ScoreConfig": _score_relations,
+    "EvaluateConfig": _evaluate_relations,
+    "ExportConfig": lambda cfg: output_problems("output_dir", cfg.output_dir, directory=True),
+}
+# What a command cannot run without (`--cfg job` prints a config without them).
+REQUIRED: dict[str, Callable[[Any], list[str]]] = {
+    "TranslateConfig": _engine_needs, "ServeConfig": _engine_needs, "EvaluateConfig": _needs_checkpoint,
+    "ExportConfig": _needs_checkpoint, "TrainConfig": _needs_run_dir, "ScoreConfig": _needs_checkpoint,
+}
+
+
+def out_of_range(key: str, value: Any, ok: bool, allowed: str) -> list[str]:
+    """[] when ok, else the one message for a value out of its range."""
+    return [] if ok else [f"{key}={value!r} is out of range; it must be {allowed}"]
+
+
+def raise_if(problems: list[str]) -> None:
+    """One ConfigError for all problems, joined into one line."""
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def section_problems(obj: Any, prefix: str = "", complete: bool = True) -> list[str]:
+    """Choices and ranges of every field of a config (its sections recursively), then its relations;
+    with complete, also what it cannot run without."""
+    found: list[str] = []
+    for f in dataclasses.fields(obj):
+        key, value = f"{prefix}{f.name}", getattr(obj, f.name)
+        if dataclasses.is_dataclass(value) and hasattr(type(value), "KEY"):  # a section: its own rules
+            found += section_problems(value, f"{type(value).KEY}.")
+        elif key in CHOICES and value not in CHOICES[key]:
+            found.append(f"{key}={value!r} is not allowed; choose one of: {', '.join(CHOICES[key])}")
+        elif key in RANGES and not RANGES[key][0](value):
+            found += out_of_range(key, value, False, RANGES[key][1])
+    for table in (RELATIONS, REQUIRED) if complete else (RELATIONS,):
+        found += table[type(obj).__name__](obj) if type(obj).__name__ in table else []
+    return found

@@ -1,0 +1,158 @@
+"""The command line's arguments before anything is composed: Hydra's flags told apart from key=value
+overrides, a sweep's values listed one by one, old key names, a resumed run's own overrides replayed,
+a fine-tuned run's parent model put first, and `checkpoint=a.pt,b.pt` kept as one value (an ensemble).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import IntervalSweep
+
+from transformer_mt.checkpoints.header import check_parent, read_header
+from transformer_mt.checkpoints.paths import first_loadable
+from transformer_mt.config import ConfigError
+from transformer_mt.config.typed import RENAMED, unknown_key_message
+
+log = logging.getLogger(__name__)
+# Keys `train` used to accept and ignore; a resumed run's saved overrides drop them.
+IGNORED_BY_TRAIN = ("decoding.n_best", "decoding.sampling", "decoding.temperature", "decoding.top_k",
+                    "decoding.top_p")
+# Hydra flags that take a value in the next argument; flags after which nothing runs.
+FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                    "--config-dir", "-cd", "--experimental-rerun"}
+NO_PRECHECK_FLAGS = {"--help", "-h", "--hydra-help", "--shell-completion", "-sc", "--config-dir", "-cd",
+                     "--config-path", "-cp", "--config-name", "-cn", "--experimental-rerun", "--version",
+                     "--info", "-i"}
+MULTIRUN_FLAGS = {"-m", "--multirun"}
+# Commands whose `checkpoint=a.pt,b.pt` is an ensemble (decoding) rather than Hydra's sweep over files.
+ENSEMBLE_COMMANDS = ("evaluate", "translate", "serve", "score")
+
+
+def named_keys(overrides: Sequence[str]) -> set[str]:
+    """The config keys that overrides set (`key=value`, `+key=value`, `~key=...`)."""
+    return {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
+
+
+def split_flags(args: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Separate Hydra's flags (and their values) from key=value overrides."""
+    flags: list[str] = []
+    overrides: list[str] = []
+    rest = list(args)
+    while rest:
+        arg = rest.pop(0)
+        if not arg.startswith("-"):
+            overrides.append(arg)
+            continue
+        flags.append(arg)
+        if arg in FLAGS_WITH_VALUE and rest and not rest[0].startswith("-"):
+            flags.append(rest.pop(0))
+    return flags, overrides
+
+
+def ensemble_checkpoints(command: str, overrides: Sequence[str]) -> list[str]:
+    """`checkpoint=a.pt,b.pt` quoted into one value, which decoding reads as an ensemble: Hydra would
+    take the commas for a sweep (and refuse it without -m). A sweep over checkpoints stays possible with
+    `checkpoint=choice(a.pt,b.pt)`; values already quoted or holding quotes are left as they are."""
+    if command not in ENSEMBLE_COMMANDS:
+        return list(overrides)
+    out = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key == "checkpoint" and "," in value and not re.search(r"['\"()\[\]]", value):
+            override = f"checkpoint='{value}'"
+        out.append(override)
+    return out
+
+
+def with_resumed_overrides(overrides: Sequence[str]) -> list[str]:
+    """`resume=<run>` replays the run's own overrides first, so the same config is composed again;
+    overrides given now come after them and win (e.g. more `training.epochs`). Only the overrides are
+    read here (`checkpoint.saved_overrides`); training reads the checkpoint itself. A fine-tuning run
+    resumed is a resumed run: its `init=` is not replayed (its checkpoint names the parent).
+    Without resume=, `init=<parent>` puts the parent's model and tokenizer first (finetune.py)."""
+    resume = [o.split("=", 1)[1] for o in overrides if o.startswith("resume=")]
+    if not resume or not resume[-1]:
+        return _with_parent(overrides)
+    # its header first, without torch: a crafted checkpoint is refused before torch takes its memory
+    first_loadable(resume[-1], read_header, warn=False)
+    from transformer_mt.checkpoints.store import saved_overrides
+
+    dropped = ("resume=", "init=", "checkpoint.dir=")
+    saved = [o for o in saved_overrides(resume[-1]) if not o.startswith(dropped)]
+    return [*_upgraded(saved), *overrides]
+
+
+def _with_parent(overrides: Sequence[str]) -> list[str]:
+    """`init=<parent>`: the parent's model and tokenizer keys before the overrides given, whose
+    `model=`/`tokenizer=` choices must agree with them."""
+    init = [o.split("=", 1)[1] for o in overrides if o.startswith("init=")]
+    if not init or init[-1] in ("", "null"):
+        return list(overrides)
+    check_parent(init[-1])  # its header, before torch is imported
+    from transformer_mt.training import finetune
+
+    state = finetune.load_parent(init[-1], mmap=True)[1]
+    finetune.check_choices(init[-1], state, overrides)
+    return [*finetune.parent_overrides(state), *overrides]
+
+
+def _renamed(override: str) -> str | None:
+    """The old key an override uses, if it uses one (`debug=` is also the new group, with a name)."""
+    key, _, value = override.lstrip("+~").partition("=")
+    return key if key in RENAMED and (key != "debug" or value.lower() in ("true", "false")) else None
+
+
+def check_renamed(overrides: Sequence[str]) -> None:
+    """An old key name fails with one line that names the new one."""
+    for override in overrides:
+        if _renamed(override):
+            raise ConfigError(unknown_key_message(_renamed(override)))
+
+
+def _upgraded(saved: Sequence[str]) -> list[str]:
+    """A resumed run's saved overrides in today's names; those train now refuses (it ignored them) go."""
+    out = []
+    for override in saved:
+        old, key = _renamed(override), override.partition("=")[0]
+        if old:
+            out.append(RENAMED[old][0] + override[override.index("="):])
+        elif key in IGNORED_BY_TRAIN:
+            log.warning("resume: dropping the run's override %s, which train never used", override)
+        else:
+            out.append(override)
+    return out
+
+
+def _sweep_values(override: Any) -> list[str]:
+    """The values to check of a sweep: each of a list, range or choice, the two ends of an interval."""
+    value = override.value()
+    if isinstance(value, IntervalSweep):  # Optuna's continuous ranges
+        return [str(value.start), str(value.end)]
+    return list(override.sweep_string_iterator())
+
+
+def sweep_variants(overrides: Sequence[str]) -> list[list[str]]:
+    """One override list per value of each sweep (a,b,c / range / choice / interval), the other sweeps
+    at their first value: every value is checked, and every swept key varies against the first."""
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    firsts: list[str] = []
+    options: list[tuple[int, list[str]]] = []
+    for i, override in enumerate(parsed):
+        if override.is_sweep_override():
+            values = [f"{override.get_key_element()}={v}" for v in _sweep_values(override)]
+            firsts.append(values[0])
+            options.append((i, values))
+        else:
+            firsts.append(override.input_line)
+    variants = [firsts]
+    for i, values in options:
+        for value in values[1:]:
+            variant = list(firsts)
+            variant[i] = value
+            variants.append(variant)
+    return variants

@@ -1,0 +1,392 @@
+"""Typed configuration: what every setting is, and its default.
+
+Hydra composes YAML from `configs/` on top of these dataclasses (registered in the ConfigStore by
+`config/resolvers.register`), so a misspelt key or a wrong type fails during composition, and a YAML file
+states only what differs from them. Which values a setting allows is in `checks.py`; `validate` applies
+those rules and reports every problem at once. A section can also check itself
+(`ModelConfig(...).check()`), which is how the model, the tokenizer and the search give Python callers
+the same messages as the command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from transformer_mt.config.checks import raise_if, section_problems
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+
+class Section:
+    """A config section that knows its key (`model`, `decoding`, ...) and can check its own values."""
+
+    KEY: ClassVar[str]
+
+    def problems(self) -> list[str]:
+        """Every rule of `rules.py` that this section breaks, one message each."""
+        return section_problems(self, f"{self.KEY}.")
+
+    def check(self) -> None:
+        """Raise ConfigError listing every problem of this section."""
+        raise_if(self.problems())
+
+
+@dataclass
+class MixedCorpus:
+    """A corpus mixed into the dataset's training pairs (`dataset.mix`): where its pairs come from (as the
+    `dataset.*` keys of the same names), how much of an epoch it makes and the tag its sources carry.
+    Languages, lengths, split and cache are the dataset's; its held-out parts are the dataset's own."""
+
+    name: str = "parallel"  # tatoeba | parallel | hf
+    path: str | None = None
+    src_path: str | None = None
+    tgt_path: str | None = None
+    hf_path: str | None = None
+    hf_name: str | None = None
+    hf_data_files: str | None = None
+    max_pairs: int | None = None
+    weight: float = 1.0  # an epoch holds its pairs this many times (0.3: a new random 30% each epoch)
+    tag: str | None = None  # text put before each of its source sentences, e.g. <bt> (back-translation)
+
+    def dataset(self, base: DatasetConfig) -> DatasetConfig:
+        """The dataset section that reads this corpus: base's languages, lengths and cache, this corpus's
+        files, all of its pairs for training (no held-out parts of its own)."""
+        location = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return dataclasses.replace(base, **location, url=None, valid_src_path=None, valid_tgt_path=None,
+                                   valid_path=None, test_src_path=None, test_tgt_path=None, test_path=None,
+                                   valid_size=0, test_size=0, mix=[])
+
+
+@dataclass
+class DatasetConfig(Section):
+    """Where the parallel text comes from, how it is filtered and how it is split."""
+
+    KEY: ClassVar[str] = "dataset"
+    name: str = "tatoeba"  # tatoeba | parallel | hf | opus_books (hf with its own defaults)
+    # tatoeba: a <lang>-eng.zip (or the .txt in it) of manythings.org, any language with English;
+    # parallel: a TSV of source<TAB>target lines (or src_path + tgt_path)
+    path: str | None = "data/fra-eng.zip"
+    url: str | None = "https://www.manythings.org/anki/fra-eng.zip"  # tatoeba: fetched once if path missing
+    src_path: str | None = None  # parallel: one source sentence a line (.gz too) ...
+    tgt_path: str | None = None  # ... and its translation on the same line here
+    # parallel: held-out pairs of their own (then no split is made), as two files or one TSV each
+    valid_src_path: str | None = None
+    valid_tgt_path: str | None = None
+    valid_path: str | None = None
+    test_src_path: str | None = None
+    test_tgt_path: str | None = None
+    test_path: str | None = None
+    # hf: load_dataset(hf_path, hf_name) from the hub, or a directory written by save_to_disk; rows
+    # {"translation": {src_lang: ..., tgt_lang: ...}}; its validation/test splits are used when it has them
+    hf_path: str | None = None
+    hf_name: str | None = None
+    hf_data_files: str | None = None  # local json/jsonl in the same schema (offline use, tests)
+    cache_dir: str = "data/cache"  # downloads and encoded-corpus cache
+    src_lang: str = "en"
+    tgt_lang: str = "fr"
+    max_pairs: int | None = None  # keep N pairs sampled deterministically; null = all
+    min_len: int = 1  # tokens per side (without bos/eos), training split only
+    max_len: int = 64
+    valid_size: int = 2000  # pairs (whole source-sentence groups, so approximately)
+    test_size: int = 2000
+    split_seed: int = 1234
+    weight: float = 1.0  # with dataset.mix: how many times an epoch holds this corpus's training pairs
+    tag: str | None = None  # text put before each source sentence of this corpus (as MixedCorpus.tag)
+    mix: list[MixedCorpus] = field(default_factory=list)  # more corpora for training (data/mixture.py)
+
+
+@dataclass
+class TokenizerConfig(Section):
+    """Subword model trained on the training split only; saved as JSON with the run."""
+
+    KEY: ClassVar[str] = "tokenizer"
+    kind: str = "bpe"  # bpe (byte-level) | unigram (SentencePiece-style) | wordlevel | char
+    vocab_size: int = 8000
+    joint: bool = True  # one vocabulary for both languages (required for tied embeddings)
+    min_frequency: int = 2
+    lowercase: bool = False
+    max_sentences: int = 500_000  # training pairs the tokenizer learns from (a random sample of more)
+    # Subword regularisation: each epoch's training pairs are segmented anew (data/segmentation.py).
+    dropout: float = 0.0  # bpe: BPE-dropout, each merge skipped with this probability (0.1 is usual)
+    alpha: float = 0.0  # unigram: sample segmentations with probability ∝ P^alpha (0.1-0.5 is usual)
+
+
+@dataclass
+class ModelConfig(Section):
+    """The Transformer's hyper-parameters; its vocabulary sizes and pad id come from the tokenizer.
+
+    The defaults are the `small` model: 7.6M parameters with a joint 8k vocabulary.
+    """
+
+    KEY: ClassVar[str] = "model"
+    d_model: int = 256
+    n_heads: int = 4
+    d_ff: int = 1024
+    encoder_layers: int = 3
+    decoder_layers: int = 3
+    dropout: float = 0.1  # sub-layer outputs and the embeddings+positions sum (the paper's P_drop)
+    attention_dropout: float = 0.0  # on attention probabilities
+    activation_dropout: float = 0.0  # inside the FFN, after the activation
+    activation: str = "relu"  # relu | gelu
+    norm_first: bool = False  # False: post-norm as in the paper; True: pre-norm + final LayerNorms
+    positional: str = "sinusoidal"  # sinusoidal | learned
+    max_positions: int = 512
+    tie_embeddings: bool = True  # source/target embeddings and output projection share weights
+    tie_output: bool = True  # target embedding and output projection (when not fully tied)
+    layer_norm_eps: float = 1e-5
+
+
+@dataclass
+class DeviceConfig(Section):
+    """Where tensors live and how many CPU threads torch may use."""
+
+    KEY: ClassVar[str] = "device"
+    name: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | mps
+    num_threads: int | None = None  # torch.set_num_threads; null = torch default
+    num_interop_threads: int | None = None
+    # auto: bf16 on a CPU with native bf16 (AVX512_BF16, AMX) and for training on a GPU with bf16 (else
+    # fp16); float32 elsewhere (runtime.precision) | off | bf16 | fp16
+    amp: str = "auto"
+    # torch.compile the training forward pass (dynamic shapes: token batches vary in both
+    # dimensions). Off by default: its compile time is paid at every start, and on the CPUs measured
+    # it did not pay it back (docs/performance.md).
+    compile: bool = False
+    # (compile: with training.pad_to_multiple > 1, the default when compiling on CUDA, each of an epoch's
+    # few batch shapes is compiled once, as a static graph: runtime.compiled)
+    # The attention kernels CUDA may use, best first (torch.nn.attention.sdpa_kernel): efficient | flash |
+    # cudnn | math; [] leaves the choice to PyTorch. cuDNN builds a plan for each new batch shape.
+    attention_backends: list[str] = field(default_factory=lambda: ["efficient", "flash"])
+
+
+@dataclass
+class TrainingConfig(Section):
+    """The optimisation recipe and the training loop's schedule."""
+
+    KEY: ClassVar[str] = "training"
+    epochs: int = 10
+    batch_tokens: int = 4096  # padded source or target tokens per batch, whichever is larger
+    # Round each batch's lengths up to a multiple of this, and its row count down to one, so that an
+    # epoch has tens of batch shapes, not hundreds (torch.compile builds a graph per shape); null: 8 when
+    # compiling on CUDA, 1 elsewhere (runtime.pad_to_multiple says why).
+    pad_to_multiple: int | None = None
+    accumulate: int = 1  # gradient accumulation steps per optimizer step
+    lr: float = 1e-3  # peak learning rate
+    # noam: inverse sqrt after the linear warm-up. linear | cosine: decay to min_lr over the run, which
+    # ends at `epochs` or at `max_minutes`, whichever comes first (so a time budget ends at min_lr);
+    # decay_by_time=false: at `epochs` alone, so that the learning rates do not depend on the run's speed.
+    scheduler: str = "noam"  # noam | linear | cosine | constant
+    decay_by_time: bool = True
+    warmup_steps: int = 500  # about one Tatoeba epoch at 4k-token batches
+    min_lr: float = 0.0  # floor of the linear and cosine decays
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_grad_norm: float = 1.0  # 0 disables clipping
+    log_every: int = 50  # steps between TensorBoard scalars
+    valid_max_sentences: int = 500  # validation's sample: the first N valid pairs (loss and translations)
+    valid_every_steps: int = 0  # also validate (and keep a checkpoint) every N steps; 0 = each epoch only
+    best_metric: str = "bleu"  # bleu | chrf | loss | cer | wer
+    patience: int = 0  # validations without improvement before stopping; 0 = never stop early
+    keep_last: int = 3  # epoch/step checkpoints kept besides best
+    average_last: int = 0  # at the end, average the last K checkpoints; kept if valid BLEU does not drop
+    ema_decay: float = 0.0  # keep an EMA of the weights (e.g. 0.999), validated and saved; 0 = off
+    max_minutes: float | None = None  # wall-clock budget for training
+    plan: str = "off"  # auto: fill the keys you leave open for max_minutes on this machine (plan/)
+    save_every_steps: int = 0  # mid-epoch checkpoint every N steps; 0 = only at epoch end
+    max_bad_steps: int = 5  # consecutive non-finite losses (skipped steps) before the run stops
+    min_free_mib: int = 200  # refuse to start when the run directory's disk has less free space
+    num_samples: int = 5  # sample translations logged every validation
+    progress: bool = True  # tqdm progress bar
+
+
+@dataclass
+class CheckpointConfig(Section):
+    """Where this run's files go: checkpoint.dir when given, else a new directory under root."""
+
+    KEY: ClassVar[str] = "checkpoint"
+    root: str = "saved_weights"
+    # The run directory. `train` sets it to Hydra's output directory unless given, which is
+    # <root>/<run_name>, or <sweep dir>/<job number> in a multirun (resolvers.run_directory).
+    dir: str | None = None
+    run_name: str | None = None  # null: <dataset>-<src>-<tgt>-<timestamp>
+    overwrite: bool = False  # a fresh run may replace the run in `dir` (its checkpoints and records)
+
+
+@dataclass
+class SearchConfig(Section):
+    """How hypotheses are searched for: what validation during `train` uses (greedy by default)."""
+
+    KEY: ClassVar[str] = "decoding"
+    beam_size: int = 5  # 1 = greedy
+    length_penalty: float = 0.6  # GNMT alpha
+    max_len_a: float = 1.5  # max output length = a * source length + b
+    max_len_b: int = 10
+    # Source tokens per decoding batch (beam search divides them by beam_size); null: 6000 on a CPU,
+    # 32768 on CUDA (`batch_tokens_on`), where one sentence at a time leaves the GPU idle.
+    batch_tokens: int | None = None
+    use_cache: bool = True
+
+    def batch_tokens_on(self, device: Any) -> int:
+        """decoding.batch_tokens, or its default for the device (a torch.device or its type)."""
+        if self.batch_tokens is not None:
+            return self.batch_tokens
+        return 32768 if getattr(device, "type", device) == "cuda" else 6000
+
+
+@dataclass
+class DecodingConfig(SearchConfig):
+    """The search plus what only `evaluate` and `translate` offer: n-best lists and sampling."""
+
+    n_best: int = 1
+    prefix: str | None = None  # every translation starts with this text (forced decoding)
+    sampling: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    alignment: bool = False  # word alignments `0-0 1-2 ...` (source-target) of each translation, from
+    alignment_layer: int = -1  # this decoder layer's cross-attention over heads (-1: last, -2: before)
+
+
+@dataclass
+class TrainConfig:
+    """The `train` command."""
+
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    decoding: SearchConfig = field(default_factory=lambda: SearchConfig(beam_size=1))  # validation's
+    seed: int = 1
+    resume: str | None = None  # checkpoint file or directory to continue from
+    # fine-tune: a trained checkpoint or run directory whose weights, tokenizer and model a new run starts
+    # from (its optimizer, schedule and step count start anew; finetune.py)
+    init: str | None = None
+    traceback: bool = False  # full tracebacks instead of one-line errors
+
+
+@dataclass
+class EvaluateConfig:
+    """The `evaluate` command: score a checkpoint on its test split or on given parallel text."""
+
+    checkpoint: str | None = None  # file, or a run directory (its best checkpoint)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    decoding: DecodingConfig = field(default_factory=DecodingConfig)
+    split: str = "test"  # test | valid: the run's own held-out split
+    src_file: str | None = None  # or parallel text: two files ...
+    ref_file: str | None = None
+    tsv_file: str | None = None  # ... or one TSV (source<TAB>reference)
+    max_sentences: int | None = None
+    output_dir: str | None = None  # null: <run dir>/eval
+    seed: int = 1
+    traceback: bool = False
+
+
+@dataclass
+class EngineConfig:
+    """What `translate` and `serve` share: a model to load and how it decodes."""
+
+    checkpoint: str | None = None
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    decoding: DecodingConfig = field(default_factory=DecodingConfig)
+    max_input_tokens: int | None = None  # null: the model's positional limit
+    seed: int = 1
+    traceback: bool = False
+    engine: str = "pytorch"  # pytorch | ctranslate2 (an `export`ed model_dir; the ct2 extra)
+    model_dir: str | None = None  # engine=ctranslate2: the exported model directory
+    ct2_exact: bool = True  # engine=ctranslate2: reproduce PyTorch search exactly; false = faster
+
+
+@dataclass
+class TranslateConfig(EngineConfig):
+    """The `translate` command: text from the command line, stdin or a file."""
+
+    text: str | None = None  # one sentence given on the command line
+    input: str | None = None  # a file with one sentence a line; null = stdin
+    output: str | None = None  # null = stdout
+    scores: bool = False  # print the score before each translation
+    attention_png: str | None = None  # write a cross-attention heatmap of the first sentence
+    input_format: str = "text"  # text: one sentence a line | tsv: source<TAB>prefix (forced start)
+
+
+@dataclass
+class ScoreConfig:
+    """The `score` command: the model's log-probability of given pairs (each target given its source)."""
+
+    checkpoint: str | None = None  # file, or a run directory (its best checkpoint); a,b: an ensemble
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    input: str | None = None  # a TSV of source<TAB>target lines; null (and no src/tgt) = stdin ...
+    src: str | None = None  # ... or two files, one sentence a line, aligned
+    tgt: str | None = None
+    output: str | None = None  # null = stdout
+    output_format: str = "tsv"  # tsv: sum<TAB>mean per pair | json: one object a line
+    traceback: bool = False
+
+
+@dataclass
+class BatchingConfig(Section):
+    """Cross-request batching of `serve`: one worker decodes the sentences of concurrent requests together."""
+
+    KEY = "batching"
+    enabled: bool = True  # false: each request is decoded on its own (for comparison)
+    window_ms: float = 5.0  # after the first waiting request, how long the worker gathers more
+    max_sentences: int = 64  # sentences per decoding batch
+    max_queue: int = 1024  # sentences waiting at most; a request beyond it gets 503 + Retry-After
+
+
+@dataclass
+class LimitsConfig(Section):
+    """What one `serve` request and connection may take; beyond it, a 4xx or 503 with a one-line error."""
+
+    KEY = "limits"
+    max_texts: int = 64  # texts per request
+    max_chars: int = 1000  # characters per text
+    max_beam_size: int = 16
+    timeout_s: float = 60.0  # a request still waiting after this gets 503
+    body_timeout_s: float = 10.0  # a body still arriving after this gets 408
+    max_header_bytes: int = 16_384  # request line and headers; beyond it, 431
+    max_connections: int = 512  # open connections and requests at once; beyond it, 503
+    idle_timeout_s: float = 5.0  # a connection without a whole request head for this long is closed
+    max_attention_values: int = 1_000_000  # attention values per response, bounded before decoding (413)
+
+
+@dataclass
+class ServeConfig(EngineConfig):
+    """The `serve` command: an HTTP API and a page in front of one model."""
+
+    host: str = "127.0.0.1"  # 0.0.0.0 opens the server to other machines
+    port: int = 8000
+    # Host headers answered (DNS rebinding guard): loopback names, plus host= itself; ["*"]: any
+    allowed_hosts: list[str] = field(default_factory=lambda: ["127.0.0.1", "localhost", "[::1]"])
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+
+
+@dataclass
+class ExportConfig:
+    """The `export` command: a checkpoint as a CTranslate2 model directory."""
+
+    checkpoint: str | None = None  # file, or a run directory (its best checkpoint)
+    quantization: str = "int8"  # int8 | int8_float32 | float32 | float16 ...
+    output_dir: str | None = None  # null: <run dir>/ct2-<quantization>
+    traceback: bool = False
+
+
+SCHEMAS: dict[str, type] = {"train": TrainConfig, "evaluate": EvaluateConfig, "translate": TranslateConfig,
+                            "export": ExportConfig, "serve": ServeConfig, "score": ScoreConfig}
+
+
+def validate(cfg: Any, complete: bool = True) -> None:
+    """Raise ConfigError listing every impossible value of a command's typed config (and, when complete,
+    every missing one: a checkpoint= to evaluate, say)."""
+    raise_if(section_problems(cfg, complete=complete))
+
+
+def resolve_path(path: str | Path) -> Path:
+    """Relative paths in configs are relative to where the command was started."""
+    return Path(path).expanduser().resolve()

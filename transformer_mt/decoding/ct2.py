@@ -1,0 +1,400 @@
+"""CTranslate2: export a checkpoint to a CTranslate2 model directory, and translate with it (the `ct2` extra).
+
+    $ transformer-mt export checkpoint=saved_weights/<run> quantization=int8
+    $ transformer-mt translate engine=ctranslate2 model_dir=saved_weights/<run>/ct2-int8 text="I am cold."
+
+    >>> from transformer_mt.decoding.ct2 import CT2Translator, export_ctranslate2
+    >>> model_dir = export_ctranslate2("saved_weights/<run>", Path("ct2-int8"), quantization="int8")
+    >>> CT2Translator.from_dir(model_dir).translate(["I am cold."], beam_size=5)
+
+The model directory holds CTranslate2's own files, our tokenizer JSON and `transformer_mt.json` (model
+config, source checkpoint, quantization). `CT2Translator` has the `Translator` interface, and with
+exact=True (the default) the same 1-best as our PyTorch search in float32: it reuses our length limit
+and length penalty (`search.py`). docs/ctranslate2.md explains how each weight is mapped and how the
+search is reproduced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from transformer_mt.checkpoints.store import model_from_checkpoint
+from transformer_mt.config import DecodingConfig, ExportConfig, validate
+from transformer_mt.data.tokenizer import BOS, BOS_ID, EOS, EOS_ID, PAD_ID, UNK, UNK_ID, Vocabulary
+from transformer_mt.decoding.search import DecodingStopped, StopCheck, gnmt_penalty, max_output_length
+from transformer_mt.decoding.translator import TextTranslator, Translation
+from transformer_mt.errors import ConfigError
+from transformer_mt.model import Transformer
+
+log = logging.getLogger(__name__)
+META_FILE = "transformer_mt.json"
+META_VERSION = 1
+_INSTALL = "pip install 'transformer-mt[ct2]'"
+
+
+class ExportError(ConfigError):
+    """A model or model directory that CTranslate2 cannot represent or load (one line)."""
+
+
+def _ctranslate2() -> Any:
+    try:
+        import ctranslate2
+    except ImportError as ex:
+        raise ConfigError(f"CTranslate2 support needs the ctranslate2 package: {_INSTALL}") from ex
+    return ctranslate2
+
+
+def _array(t: torch.Tensor) -> Any:
+    return t.detach().cpu().float().contiguous().numpy()
+
+
+def _linear(spec: Any, layer: torch.nn.Linear) -> None:
+    spec.weight = _array(layer.weight)
+    if layer.bias is not None:
+        spec.bias = _array(layer.bias)
+
+
+def _norm(spec: Any, norm: torch.nn.LayerNorm) -> None:
+    spec.gamma = _array(norm.weight)
+    spec.beta = _array(norm.bias)
+
+
+def _tokens(tok: Any, side: str) -> list[str]:
+    """The vocabulary in id order; CTranslate2 looks tokens up by string, so they must be unique."""
+    size = tok.get_vocab_size()
+    tokens = [tok.id_to_token(i) for i in range(size)]
+    if any(t is None for t in tokens):
+        raise ExportError(f"the {side} vocabulary has gaps in its ids; CTranslate2 needs ids 0..{size - 1}")
+    if len(set(tokens)) != size:
+        raise ExportError(f"the {side} vocabulary has duplicate token strings; CTranslate2 cannot map them")
+    return tokens
+
+
+
+
+def _copy_stack(spec: Any, embedding_spec: Any, stack: torch.nn.Module, embed: torch.nn.Embedding,
+                norm_first: bool) -> None:
+    """An encoder or decoder's embeddings (scaled by sqrt(d_model)), our position table, and its final
+    LayerNorm (pre-norm only)."""
+    embedding_spec.weight = _array(embed.weight)
+    spec.scale_embeddings = True
+    positional = stack.positional
+    spec.position_encodings.encodings = _array(positional.embedding.weight if positional.learned
+                                               else positional.pe)
+    if norm_first:
+        _norm(spec.layer_norm, stack.final_norm)
+
+
+def _copy_sublayers(layer_spec: Any, layer: torch.nn.Module) -> None:
+    """Self-attention and feed-forward with their LayerNorms: the sub-layers both stacks' layers have."""
+    _linear(layer_spec.self_attention.linear[0], layer.self_attn.qkv_proj)
+    _linear(layer_spec.self_attention.linear[1], layer.self_attn.out_proj)
+    _norm(layer_spec.self_attention.layer_norm, layer.self_attn_norm)
+    _linear(layer_spec.ffn.linear_0, layer.feed_forward.linear1)
+    _linear(layer_spec.ffn.linear_1, layer.feed_forward.linear2)
+    _norm(layer_spec.ffn.layer_norm, layer.ff_norm)
+
+
+def build_spec(model: Transformer, vocab: Vocabulary) -> Any:
+    """A validated `ctranslate2.specs.TransformerSpec` holding the model's weights (not yet quantized)."""
+    ct2 = _ctranslate2()
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    c = model.config
+    activations = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}
+    if c.activation not in activations:
+        raise ExportError(f"activation {c.activation!r} has no CTranslate2 equivalent; "
+                          f"supported: {', '.join(activations)}")
+    if c.positional not in ("sinusoidal", "learned"):
+        raise ExportError(f"positional {c.positional!r} cannot be exported")
+    spec = transformer_spec.TransformerSpec.from_config(
+        (c.encoder_layers, c.decoder_layers), c.n_heads, pre_norm=c.norm_first,
+        activation=activations[c.activation],
+        alignment_layer=-1, alignment_heads=c.n_heads,  # head average of the last layer, as ours
+    )
+    _copy_stack(spec.encoder, spec.encoder.embeddings[0], model.encoder, model.src_embed, c.norm_first)
+    for layer_spec, layer in zip(spec.encoder.layer, model.encoder.layers):
+        _copy_sublayers(layer_spec, layer)
+    _copy_stack(spec.decoder, spec.decoder.embeddings, model.decoder, model.tgt_embed, c.norm_first)
+    for layer_spec, layer in zip(spec.decoder.layer, model.decoder.layers):
+        _copy_sublayers(layer_spec, layer)
+        _linear(layer_spec.attention.linear[0], layer.cross_attn.q_proj)
+        _linear(layer_spec.attention.linear[1], layer.cross_attn.kv_proj)
+        _linear(layer_spec.attention.linear[2], layer.cross_attn.out_proj)
+        _norm(layer_spec.attention.layer_norm, layer.cross_attn_norm)
+    _linear(spec.decoder.projection, model.output_projection)
+
+    src_tokens, tgt_tokens = _tokens(vocab.src, "source"), _tokens(vocab.tgt, "target")
+    for tokens in (src_tokens, tgt_tokens):
+        if tokens[BOS_ID] != BOS or tokens[EOS_ID] != EOS or tokens[UNK_ID] != UNK:
+            raise ExportError(f"special tokens are not at their fixed ids ({BOS}={BOS_ID}, "
+                              f"{EOS}={EOS_ID}, {UNK}={UNK_ID})")
+    spec.register_source_vocabulary(src_tokens)
+    spec.register_target_vocabulary(tgt_tokens)
+    cfg = spec.config
+    cfg.unk_token, cfg.bos_token, cfg.eos_token = UNK, BOS, EOS
+    cfg.decoder_start_token = BOS  # targets start with <bos>
+    cfg.add_source_bos = False  # sources are tokens + <eos>, no <bos>
+    cfg.add_source_eos = True
+    cfg.layer_norm_epsilon = c.layer_norm_eps
+    try:
+        spec.validate()
+    except (ValueError, TypeError) as ex:
+        raise ExportError(f"CTranslate2 {ct2.__version__} rejects the model: "
+                          f"{str(ex).strip().splitlines()[0]}") from ex
+    return spec
+
+
+def _replace_dir(tmp: Path, output_dir: Path) -> None:
+    """Move a finished export into place; an earlier export there is replaced, anything else kept."""
+    if output_dir.exists():
+        if not output_dir.is_dir() or (any(output_dir.iterdir()) and not (output_dir / META_FILE).is_file()):
+            raise ExportError(f"{output_dir} exists and is not a CTranslate2 export; "
+                              "choose another output_dir")
+        old = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", suffix=".old", dir=output_dir.parent))
+        os.replace(output_dir, old / output_dir.name)
+        os.replace(tmp, output_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, output_dir)
+
+
+def export_ctranslate2(checkpoint: str | Path, output_dir: Path, quantization: str = "int8") -> Path:
+    """Write a CTranslate2 model directory for a checkpoint (file or run directory); return its path."""
+    ct2 = _ctranslate2()
+    validate(ExportConfig(checkpoint=str(checkpoint), quantization=quantization))
+    file, state, model, vocab = model_from_checkpoint(checkpoint)
+    with torch.no_grad():
+        spec = build_spec(model, vocab)
+    spec.optimize(quantization=quantization)
+
+    output_dir = Path(output_dir).expanduser().resolve()
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", suffix=".tmp", dir=output_dir.parent))
+    try:
+        spec.save(str(tmp))
+        vocab.save(tmp)
+        meta = {
+            "format_version": META_VERSION,
+            "model_config": dataclasses.asdict(model.config),
+            "checkpoint": str(file),
+            "epoch": state.get("epoch"),
+            "step": state.get("step"),
+            "quantization": quantization,
+            "ctranslate2_version": ct2.__version__,
+        }
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        _replace_dir(tmp, output_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("exported %s to %s (CTranslate2 %s, %s)", file, output_dir, ct2.__version__, quantization)
+    return output_dir
+
+
+# --------------------------------------------------------------------------------------------
+# Translating with the exported model
+
+
+class CT2Translator(TextTranslator):
+    """A CTranslate2 model directory with our tokenizer: the `Translator` API on CTranslate2."""
+
+    def __init__(self, translator: Any, vocab: Vocabulary, meta: dict[str, Any],
+                 decoding: DecodingConfig | None = None, max_input_tokens: int | None = None,
+                 info: dict[str, Any] | None = None, exact: bool = True):
+        self.translator = translator
+        self.exact = exact
+        self.vocab = vocab
+        self.meta = meta
+        self.max_positions = int(meta["model_config"]["max_positions"])
+        self.decoding = decoding or DecodingConfig()
+        self.limit_inputs(self.max_positions, max_input_tokens)
+        self.info = info or {}
+        self._src_itos = [vocab.src.id_to_token(i) for i in range(vocab.src_vocab_size)]
+        self._tgt_stoi = vocab.tgt.get_vocab(with_added_tokens=True)
+        self._banned = [[vocab.tgt.id_to_token(i)] for i in sorted({PAD_ID, BOS_ID} - {EOS_ID})]
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path, device: str = "cpu", compute_type: str = "default",
+                 inter_threads: int = 1, intra_threads: int = 0,
+                 decoding: DecodingConfig | None = None,
+                 max_input_tokens: int | None = None, exact: bool = True) -> CT2Translator:
+        """Load an `export_ctranslate2` directory (device: cpu | cuda | auto).
+
+        exact=True reproduces PyTorch search (module notes); exact=False trades that for speed: one
+        request for all sentences (larger batches), <pad>/<bos> masked up front, the longest
+        sentence's length limit for all, and no re-scoring of hypotheses cut at the limit.
+        """
+        ct2 = _ctranslate2()
+        path = Path(model_dir).expanduser()
+        if not (path / META_FILE).is_file() or not ct2.contains_model(str(path)):
+            raise ExportError(f"{path} is not a CTranslate2 export of transformer-mt (no {META_FILE} or "
+                              "model.bin); create one with: transformer-mt export checkpoint=<run>")
+        meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
+        vocab = Vocabulary.load(path)
+        try:
+            translator = ct2.Translator(str(path), device=device, compute_type=compute_type,
+                                        inter_threads=inter_threads, intra_threads=intra_threads)
+        except (RuntimeError, ValueError) as ex:
+            raise ExportError(f"CTranslate2 cannot load {path}: {str(ex).strip().splitlines()[0]}") from ex
+        info = {"model_dir": str(path), "checkpoint": meta.get("checkpoint"), "epoch": meta.get("epoch"),
+                "step": meta.get("step"), "quantization": meta.get("quantization"),
+                "compute_type": translator.compute_type, "device": translator.device}
+        return cls(translator, vocab, meta, decoding, max_input_tokens, info, exact)
+
+    def max_length(self, n_src: int, decoding: DecodingConfig) -> int:
+        """Output tokens allowed (without <eos>) for n_src source tokens, as in PyTorch search."""
+        return max(1, max_output_length(n_src + 1, decoding.max_len_a, decoding.max_len_b,
+                                        self.max_positions))  # + 1: the source's <eos>
+
+    @staticmethod
+    def ct2_length_penalty(alpha: float, n_src: int) -> float:
+        """CTranslate2's exponent p (score / L ** p) closest to GNMT ((5 + L) / 6) ** alpha near L.
+
+        Only used to pick which beam_size hypotheses CTranslate2 keeps when more finish in the same
+        step (we re-rank them with the exact GNMT penalty): d ln lp / d ln L = alpha * L / (5 + L),
+        taken at L = n_src + 1, the usual output length.
+        """
+        length = n_src + 1
+        return alpha * length / (5.0 + length)
+
+    def _request(self, decoding: DecodingConfig, n_src: int, return_attention: bool,
+                 suppress: bool) -> dict[str, Any]:
+        """translate_batch options for sources of n_src tokens."""
+        beam = 1 if decoding.sampling else decoding.beam_size
+        options: dict[str, Any] = dict(
+            max_batch_size=max(1, decoding.batch_tokens_on(self.info.get("device", "cpu")) // beam),
+            batch_type="tokens",
+            beam_size=beam, max_decoding_length=self.max_length(n_src, decoding), min_decoding_length=0,
+            max_input_length=0,  # inputs are already cut to the positions the model has
+            return_scores=True, return_end_token=True, return_attention=return_attention,
+            suppress_sequences=self._banned if suppress else None,
+        )
+        if decoding.sampling:
+            options.update(sampling_topk=decoding.top_k, sampling_topp=decoding.top_p,
+                           sampling_temperature=decoding.temperature, length_penalty=0.0)
+        elif beam == 1:
+            options.update(length_penalty=0.0)  # score = sum of log-probs, <eos> included
+        else:
+            # Stop at beam_size finished hypotheses like ours (length_penalty != 0: no early exit)
+            # and return them all; their raw sums are recovered and re-ranked with GNMT below.
+            options.update(num_hypotheses=beam, patience=1.0,
+                           length_penalty=self.ct2_length_penalty(decoding.length_penalty, n_src))
+        return options
+
+    def _search(self, sources: dict[int, list[str]], decoding: DecodingConfig, return_attention: bool,
+                suppress: bool) -> dict[int, tuple[Any, float]]:
+        """CTranslate2 results by sentence index, with the length-penalty exponent they were scored with.
+
+        One request per source length, so each sentence gets exactly its own max length (and
+        exponent); requests run asynchronously on the translator's inter_threads workers.
+        """
+        groups: dict[int, list[int]] = defaultdict(list)
+        for i, src in sources.items():
+            groups[len(src) - 1].append(i)  # without the <eos> CTranslate2 appends
+        pending = []
+        for n_src, members in sorted(groups.items()):
+            request = self._request(decoding, n_src, return_attention, suppress)
+            found = self.translator.translate_batch([sources[i][:-1] for i in members],
+                                                    asynchronous=True, **request)
+            pending.append((members, found, request["length_penalty"]))
+        return {i: (res.result(), exponent)
+                for members, found, exponent in pending for i, res in zip(members, found)}
+
+    def _search_fast(self, sources: dict[int, list[str]], decoding: DecodingConfig,
+                     return_attention: bool) -> dict[int, tuple[Any, float]]:
+        """exact=False: one request, so CTranslate2 forms the largest batches it can."""
+        order = list(sources)
+        lengths = sorted(len(sources[i]) - 1 for i in order)
+        request = self._request(decoding, lengths[-1], return_attention, suppress=True)
+        if not decoding.sampling and decoding.beam_size > 1:  # the exponent at the typical length
+            request["length_penalty"] = self.ct2_length_penalty(decoding.length_penalty,
+                                                                lengths[len(lengths) // 2])
+        found = self.translator.translate_batch([sources[i][:-1] for i in order], **request)
+        return {i: (res, request["length_penalty"]) for i, res in zip(order, found)}
+
+    def translate_nbest(self, sentences: list[str], return_attention: bool = False,
+                        prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
+                        **options: Any) -> list[list[Translation]]:
+        """n-best translations per sentence (best first); empty input gives one empty translation.
+        CTranslate2 decodes a batch in one call: should_stop is asked once, before it."""
+        decoding = self._options(**options)
+        if self.prefix_ids(sentences, prefixes, decoding):
+            raise ConfigError("prefix decoding runs on engine=pytorch; drop decoding.prefix or the prefixes")
+        if decoding.alignment:
+            raise ConfigError("word alignments run on engine=pytorch; drop decoding.alignment")
+        ids = self.encode(sentences)
+        results: list[list[Translation]] = [[Translation("", 0.0)] for _ in sentences]
+        # Source tokens as the encoder sees them (for attention widths and re-scoring).
+        sources = {i: [self._src_itos[t] for t in ids[i]] + [EOS]
+                   for i, s in enumerate(sentences) if s.strip()}
+        if not sources:
+            return results
+        if should_stop is not None and should_stop():
+            raise DecodingStopped("decoding stopped before it began: its requester is gone")
+        # <pad>/<bos> are impossible in our search. Masking them in CTranslate2 (suppress_sequences)
+        # renormalises its log-softmax over the other tokens, which shifts scores and can re-rank
+        # beams; so search unmasked first (exactly our scores) and only redo, masked, the sentences
+        # where one of them came out.
+        if self.exact:
+            found = self._search(sources, decoding, return_attention, suppress=False)
+            banned = {t[0] for t in self._banned}
+            redo = {i: sources[i] for i, (res, _) in found.items()
+                    if any(banned.intersection(h) for h in res.hypotheses)}
+            if redo:
+                found.update(self._search(redo, decoding, return_attention, suppress=True))
+        else:
+            found = self._search_fast(sources, decoding, return_attention)
+
+        beam = not decoding.sampling and decoding.beam_size > 1
+        capped: list[tuple[list[str], list[str], list[Any]]] = []  # (source, tokens, hypothesis)
+        collected: dict[int, list[list[Any]]] = {}
+        for i, (res, exponent) in found.items():
+            hyps = []
+            for k, tokens in enumerate(res.hypotheses):
+                ended = bool(tokens) and tokens[-1] == EOS
+                out = tokens[:-1] if ended else list(tokens)
+                raw = res.scores[k] * len(tokens) ** exponent  # undo CTranslate2's length penalty
+                attn = None
+                if return_attention and res.attention:
+                    # CTranslate2 leaves out the column of the <eos> it appended itself; each row
+                    # is a distribution over the source, so that column is what the others leave.
+                    attn = torch.tensor(res.attention[k], dtype=torch.float32)[:, : len(sources[i]) - 1]
+                    attn = torch.cat((attn, (1 - attn.sum(1, keepdim=True)).clamp(min=0)), dim=1)
+                    attn = attn[None, None]  # CTranslate2 gives one (layer, head) view, see build_spec
+                hyp = [out, raw, attn]
+                if not ended and self.exact:
+                    capped.append((sources[i][:-1], out, hyp))
+                hyps.append(hyp)
+            collected[i] = hyps
+        if capped:
+            # At the length limit we force <eos> and count its log-prob; CTranslate2 just stops.
+            scored = self.translator.score_batch([c[0] for c in capped], [c[1] for c in capped],
+                                                 max_input_length=0)
+            for (_, _, hyp), s in zip(capped, scored):
+                hyp[1] = float(sum(s.log_probs))
+
+        for i, hyps in collected.items():
+            if beam:
+                for hyp in hyps:  # GNMT penalty, L = tokens + 1 (<eos>), as PyTorch beam search
+                    hyp[1] = hyp[1] / gnmt_penalty(len(hyp[0]) + 1, decoding.length_penalty)
+                hyps.sort(key=lambda h: h[1], reverse=True)
+            best = hyps[: decoding.n_best]
+            token_ids = [[self._tgt_stoi.get(t, UNK_ID) for t in h[0]] for h in best]
+            texts = self.vocab.decode_tgt(token_ids)
+            results[i] = [
+                Translation(text, float(h[1]),
+                            self.vocab.tgt_tokens_from_ids(tid) if return_attention else None, h[2])
+                for text, tid, h in zip(texts, token_ids, best)
+            ]
+        return results

@@ -1,0 +1,388 @@
+"""Batched decoding for `transformer_mt.model.Transformer`: greedy, beam search and sampling.
+
+All searches take src (B, S) right- or left-padded with the model's pad id and return, per sentence, a
+list of `Hypothesis` (best first). They run under torch.inference_mode() and use the decoder's KV cache:
+every step feeds only the newest token.
+
+Two rules are shared with the CTranslate2 engine (`transformer_mt.decoding.ct2`) and live here only:
+- `max_output_length`: a sentence of n source tokens (its <eos> included) may produce at most
+  floor(max_len_a * n + max_len_b) tokens, capped at max_positions - 1 (the decoder also needs a
+  position for <bos>); <eos> is then forced.
+- `gnmt_penalty`: beam hypotheses are ranked by their log-prob sum divided by the GNMT penalty.
+`tokens` never include bos/eos, and the search never emits pad or bos. Arguments that are also
+settings (`decoding.*`) default to the config's values and obey its rules (`DecodingConfig.check`).
+
+Every search asks `should_stop` (a host-side callable, no device read) once per step and raises
+`DecodingStopped` when it answers True: a caller whose requester is gone frees the model within a step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from transformer_mt.config import DecodingConfig
+from transformer_mt.decoding.attention_trail import AttentionTrail
+from transformer_mt.model import DecoderCache, Transformer
+from transformer_mt.model.attention import free_to_read
+
+DEFAULT = DecodingConfig()  # the search arguments' defaults: `decoding`'s own
+StopCheck = Callable[[], bool]  # asked once per step: True stops the search (DecodingStopped)
+
+
+class DecodingStopped(Exception):
+    """The caller's `should_stop` answered True: the search ended before its sentences did."""
+
+
+@dataclass
+class Hypothesis:
+    """One decoded sentence.
+
+    score: greedy/sample = sum of token log-probs (eos included); beam = that sum divided by
+    `gnmt_penalty(len(tokens) + 1, length_penalty)` (eos counted).
+    attention: (layers, heads, len(tokens) + 1, n_src) cross-attention of every decoder layer and
+    head, one row per produced token (eos included) over the non-pad source positions, if requested.
+    """
+
+    tokens: list[int]  # without bos and eos
+    score: float
+    attention: Tensor | None = None
+
+
+def alignment(attention: Tensor) -> Tensor:
+    """(layers, heads, T, S) cross-attention → (T, S): the last layer's average over heads, the usual
+    word-alignment view (attention_png, TensorBoard)."""
+    return attention[-1].mean(0)
+
+
+def max_output_length(src_tokens: int, max_len_a: float, max_len_b: int, max_positions: int) -> int:
+    """Output tokens allowed (eos excluded) for a source of src_tokens tokens (its eos included)."""
+    return max(0, min(math.floor(max_len_a * src_tokens + max_len_b), max_positions - 1))
+
+
+def gnmt_penalty(length: int, alpha: float) -> float:
+    """GNMT length penalty lp(L) = ((5 + L) / 6) ** alpha (Wu et al., 2016); L counts the eos."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+@dataclass(frozen=True)
+class Ends:
+    """Where a sentence starts and ends: the special ids, and the length limit's a and b."""
+
+    bos_id: int
+    eos_id: int
+    max_len_a: float
+    max_len_b: int
+
+    def limits(self, model: Transformer, src: Tensor, forced: Tensor | None = None) -> list[int]:
+        """Each sentence's `max_output_length`, and never shorter than its forced prefix."""
+        lengths = (src != model.pad_id).sum(dim=1).tolist()
+        limits = [max_output_length(n, self.max_len_a, self.max_len_b, model.config.max_positions)
+                  for n in lengths]
+        if forced is not None:
+            limits = [max(m, p) for m, p in zip(limits, (forced >= 0).sum(dim=1).tolist())]
+        return limits
+
+
+def forced_tokens(prefixes: Sequence[Sequence[int]] | None, batch: int,
+                  device: torch.device) -> Tensor | None:
+    """(batch, longest prefix) ids each sentence's output must start with, -1 past its own prefix; None
+    when no sentence has a prefix."""
+    if not prefixes or not any(prefixes):
+        return None
+    if len(prefixes) != batch:
+        raise ValueError(f"{len(prefixes)} prefixes for {batch} sentences")
+    out = torch.full((batch, max(map(len, prefixes))), -1, dtype=torch.long)
+    for i, p in enumerate(prefixes):
+        out[i, : len(p)] = torch.tensor(list(p), dtype=torch.long)
+    return out.to(device)
+
+
+def _only(logp: Tensor, tokens: Tensor, rows: Tensor) -> Tensor:
+    """logp where `rows` may produce only their `tokens` (N,), at the model's own log-prob."""
+    if free_to_read(rows) and not bool(rows.any()):
+        return logp
+    out = logp.masked_fill(rows[:, None], float("-inf"))
+    return out.scatter_(1, tokens[:, None], logp.gather(1, tokens[:, None]))
+
+
+def _step_log_probs(logits: Tensor, ends: Ends, pad_id: int, at_max: Tensor,
+                    forced: Tensor | None = None) -> Tensor:
+    """Last-position logits (N, V) → float log-probs: pad and bos impossible, the prefix token forced
+    where `forced` (N,) holds one (not -1), eos forced where at_max."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    for banned in {pad_id, ends.bos_id} - {ends.eos_id}:
+        logp[:, banned] = float("-inf")
+    if forced is not None:
+        logp = _only(logp, forced.clamp(min=0), forced >= 0)
+    return _only(logp, torch.full_like(at_max, ends.eos_id, dtype=torch.long), at_max)
+
+
+def _forced_at(forced: Tensor | None, rows: Tensor, t: int) -> Tensor | None:
+    """The prefix tokens of step t for the given sentence rows, or None past every prefix."""
+    return forced[rows, t] if forced is not None and t < forced.size(1) else None
+
+
+def _src_attention(attn: Tensor, src_pad: Tensor) -> Tensor:
+    """(T_out, layers, H, S) attention of one sentence → (layers, H, T_out, n_src) over its
+    non-pad positions."""
+    return attn[..., ~src_pad].permute(1, 2, 0, 3).float().cpu()
+
+
+def _decode_step(model: Transformer, tokens: Tensor, memory: Tensor, src_pad: Tensor,
+                 cache: DecoderCache | None, need_attention: bool) -> tuple[Tensor, Tensor | None]:
+    """Run the decoder; return last-position logits (N, V) and attention (N, layers, H, S) or None."""
+    if need_attention:
+        logits, attn = model.decode(tokens, memory, src_pad, cache, need_attention=True)
+        return logits[:, -1], attn[:, :, :, -1]
+    return model.decode(tokens, memory, src_pad, cache)[:, -1], None
+
+
+# -- greedy search and sampling: one hypothesis per sentence, left to right ----------------------
+# On a GPU they look for finished sentences every LOOK_EVERY steps, not at every step: a look reads the
+# device (a host synchronisation), while a finished sentence only repeats <eos> until the next one. On
+# the CPU, where reads are free, they look at every step (and the batch shrinks as soon as it can).
+LOOK_EVERY = 8
+
+
+@torch.inference_mode()
+def _left_to_right(model: Transformer, src: Tensor, choose: Callable[[Tensor], Tensor], ends: Ends,
+                   use_cache: bool, return_attention: bool, forced: Tensor | None = None,
+                   should_stop: StopCheck | None = None) -> list[list[Hypothesis]]:
+    """The loop greedy search and sampling share. `choose` maps log-probs (N, V) to next tokens (N,);
+    `forced` (B, P) holds each sentence's prefix (-1 padded). Finished sentences leave the batch (and
+    the cache) at the next look, so later steps pay only for live ones; until then they repeat <eos>."""
+    B = src.size(0)
+    memory, src_pad = model.encode(src)
+    limits = ends.limits(model, src, forced)
+    max_len = torch.tensor(limits, device=src.device)  # (B,)
+    horizon = max(limits, default=0) + 1  # every sentence has ended after this many steps
+    every = 1 if return_attention or free_to_read(src) else LOOK_EVERY
+    cache = model.new_cache() if use_cache else None
+    alive = torch.arange(B, device=src.device)  # original index of each row
+    prefix = torch.full((B, 1), ends.bos_id, dtype=torch.long, device=src.device)  # (N, 1 + t)
+    scores = torch.zeros(B, dtype=torch.float64, device=src.device)
+    ended = torch.zeros(B, dtype=torch.bool, device=src.device)  # rows that produced <eos>
+    hyps: list[Hypothesis | None] = [None] * B
+    pending_attn: dict[int, list[Tensor]] = {i: [] for i in range(B)} if return_attention else {}
+
+    t = 0
+    while alive.numel() > 0:
+        if should_stop is not None and should_stop():
+            raise DecodingStopped(f"greedy search stopped by its caller at step {t}")
+        logits, attn = _decode_step(model, prefix[:, -1:] if use_cache else prefix, memory, src_pad, cache,
+                                    return_attention)
+        logp = _step_log_probs(logits, ends, model.pad_id, t >= max_len, _forced_at(forced, alive, t))
+        nxt = choose(logp)  # (N,)
+        gained = logp.gather(1, nxt[:, None]).squeeze(1).double()
+        if every > 1:  # rows that ended already repeat <eos> at no cost
+            nxt, gained = nxt.masked_fill(ended, ends.eos_id), gained.masked_fill(ended, 0.0)
+        scores += gained
+        prefix = torch.cat((prefix, nxt[:, None]), dim=1)
+        if return_attention:
+            for row, i in enumerate(alive.tolist()):
+                pending_attn[i].append(attn[row])
+        t += 1
+        ended |= nxt == ends.eos_id
+        if t % every and t < horizon:
+            continue
+        done = ended.nonzero().squeeze(1).tolist()  # the look: one read of the device
+        if not done:
+            continue
+        originals, tokens, totals = alive[done].tolist(), prefix[done, 1:].tolist(), scores[done].tolist()
+        for row, i, seq, score in zip(done, originals, tokens, totals, strict=True):
+            attention = (_src_attention(torch.stack(pending_attn[i]), src_pad[row])
+                         if return_attention else None)
+            hyps[i] = Hypothesis(seq[:seq.index(ends.eos_id)], score, attention)
+        keep = (~ended).nonzero().squeeze(1)
+        alive, prefix, scores, max_len, ended = (x[keep] for x in (alive, prefix, scores, max_len, ended))
+        memory, src_pad = memory[keep], src_pad[keep]
+        if cache is not None:
+            cache.reorder(keep)
+    return [[h] for h in hyps if h is not None]
+
+
+def greedy_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
+                  max_len_a: float = DEFAULT.max_len_a, max_len_b: int = DEFAULT.max_len_b,
+                  use_cache: bool = DEFAULT.use_cache, return_attention: bool = False,
+                  prefixes: Sequence[Sequence[int]] | None = None,
+                  should_stop: StopCheck | None = None) -> list[list[Hypothesis]]:
+    """Arg-max decoding; use_cache=False recomputes the whole prefix each step (slow reference).
+    With prefixes, each output starts with its sentence's token ids, then continues freely."""
+    DecodingConfig(max_len_a=max_len_a, max_len_b=max_len_b).check()
+    return _left_to_right(model, src, lambda logp: logp.argmax(dim=-1),
+                          Ends(bos_id, eos_id, max_len_a, max_len_b), use_cache, return_attention,
+                          forced_tokens(prefixes, src.size(0), src.device), should_stop)
+
+
+def sample(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
+           temperature: float = DEFAULT.temperature, top_k: int = DEFAULT.top_k, top_p: float = DEFAULT.top_p,
+           max_len_a: float = DEFAULT.max_len_a, max_len_b: int = DEFAULT.max_len_b,
+           generator: torch.Generator | None = None, prefixes: Sequence[Sequence[int]] | None = None,
+           should_stop: StopCheck | None = None) -> list[list[Hypothesis]]:
+    """Ancestral sampling with temperature, top-k and nucleus (top-p) filtering.
+
+    score is the sum of the model's own log-probs of the sampled tokens (before temperature and
+    filtering), so it is comparable with greedy scores. top_k=1 reproduces greedy search.
+    """
+    DecodingConfig(temperature=temperature, top_k=top_k, top_p=top_p, max_len_a=max_len_a,
+                   max_len_b=max_len_b).check()
+
+    def choose(logp: Tensor) -> Tensor:
+        logits = logp / temperature
+        if 0 < top_k < logits.size(-1):
+            kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (N, 1)
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if top_p < 1.0:
+            sorted_logits, order = logits.sort(dim=-1, descending=True)
+            probs = sorted_logits.softmax(dim=-1)
+            # drop a token when the mass BEFORE it already reaches top_p (keeps >= 1 token)
+            drop = (probs.cumsum(dim=-1) - probs) >= top_p
+            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+            logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+        return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(1)
+
+    return _left_to_right(model, src, choose, Ends(bos_id, eos_id, max_len_a, max_len_b), True, False,
+                          forced_tokens(prefixes, src.size(0), src.device), should_stop)
+
+
+# -- beam search ---------------------------------------------------------------------------------
+def _first_or_next_step(model: Transformer, prefix: Tensor, memory: Tensor, src_pad: Tensor,
+                        cache: DecoderCache, K: int, t: int,
+                        need_attention: bool) -> tuple[Tensor, Tensor | None]:
+    """Logits (A*K, V) of every beam's next token. Before the first token the K beams of a sentence
+    are identical: decode one row per sentence, then give each beam a copy of its self-attention
+    state. Memory and cross-attention K/V keep one row per sentence, shared by its beams."""
+    if t > 0:
+        return _decode_step(model, prefix[:, -1:], memory, src_pad, cache, need_attention)
+    logits, attn = _decode_step(model, prefix[::K, -1:], memory, src_pad, cache, need_attention)
+    expand = torch.arange(logits.size(0), device=logits.device).repeat_interleave(K)  # (B*K,)
+    cache.beams = K
+    cache.reorder(expand)
+    return logits[expand], attn[expand] if attn is not None else None
+
+
+def _top_candidates(logp: Tensor, scores: Tensor, K: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The best 2K continuations of each sentence: (scores, tokens, source rows of A*K), each (A, 2K),
+    sorted by score. They are among the best 2K of each of its beams: picking those per row first
+    makes the sum and the topk run over K*2K values, not K*V."""
+    A = scores.size(0)
+    n_cand = min(2 * K, logp.size(-1))
+    row_top, row_tok = logp.topk(n_cand, dim=1)  # (A*K, 2K)
+    cand = (scores.view(A * K, 1) + row_top).view(A, K * n_cand)
+    top_scores, top_pos = cand.topk(n_cand, dim=1)  # (A, 2K), sorted desc
+    top_tok = row_tok.view(A, K * n_cand).gather(1, top_pos)
+    top_beam = torch.div(top_pos, n_cand, rounding_mode="floor")
+    top_row = top_beam + torch.arange(A, device=logp.device)[:, None] * K
+    return top_scores, top_tok, top_row
+
+
+def _sentence_done(finished: list[Hypothesis], best_live: float, t: int, max_len: int, K: int,
+                   n_best: int, alpha: float, exhaustive: bool) -> bool:
+    """Done when K hypotheses finished, at max length, or when the best live beam cannot beat the
+    n_best-th finished one: judged as if it ended now (the usual heuristic, Hugging Face's
+    early_stopping=False), or with exhaustive=True at the most favourable length still possible."""
+    if len(finished) >= K or t > max_len:
+        return True
+    if len(finished) < n_best:
+        return False
+    nth = sorted((h.score for h in finished), reverse=True)[n_best - 1]
+    lp = gnmt_penalty(t + 1, alpha)
+    if exhaustive:  # a live beam ends at a length in [t + 1, max_len + 1]; lp is monotone
+        lp = max(lp, gnmt_penalty(max_len + 1, alpha))
+    return best_live / lp <= nth
+
+
+def _attach_attention(best: list[list[Hypothesis]], trail: AttentionTrail, src_pad: Tensor) -> None:
+    """Give each returned hypothesis its attention, read back from the trail (sentence i's over the
+    real positions of src_pad[i])."""
+    chosen = [(i, h) for i, hyps in enumerate(best) for h in hyps]
+    for (i, h), history in zip(chosen, trail.histories([h for _, h in chosen]), strict=True):
+        h.attention = _src_attention(history, src_pad[i])
+
+
+@torch.inference_mode()
+def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
+                beam_size: int = DEFAULT.beam_size, length_penalty: float = DEFAULT.length_penalty,
+                max_len_a: float = DEFAULT.max_len_a, max_len_b: int = DEFAULT.max_len_b,
+                n_best: int = DEFAULT.n_best, return_attention: bool = False, exhaustive: bool = False,
+                prefixes: Sequence[Sequence[int]] | None = None,
+                should_stop: StopCheck | None = None) -> list[list[Hypothesis]]:
+    """Batched beam search (fairseq-style) returning the n_best hypotheses per sentence.
+
+    The batch is flattened to (A * K) rows, A live sentences × K beams. Each step takes the top 2K
+    continuations per sentence; eos among the top K are finalised with score
+    logprob_sum / lp(len(tokens) + 1), the first K non-eos ones become the new beams. K=1 is exactly
+    greedy. Done sentences (`_sentence_done`) leave the batch and the cache. With prefixes, every beam
+    of a sentence starts with its prefix's token ids (one live beam until the prefix ends).
+    """
+    DecodingConfig(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a,
+                   max_len_b=max_len_b, n_best=n_best).check()
+    K, alpha, ends, device = beam_size, length_penalty, Ends(bos_id, eos_id, max_len_a, max_len_b), src.device
+    B = src.size(0)
+    memory, src_pad = model.encode(src)  # once per sentence: (A, S, d), (A, S)
+    sentence_pad = src_pad  # (B, S), kept for the attention of sentences that leave the batch
+    forced = forced_tokens(prefixes, B, device)
+    max_len = ends.limits(model, src, forced)  # (A,)
+    on_device = torch.tensor(max_len, device=device), torch.arange(B, device=device)  # max_len, sent_ids
+    cache = model.new_cache()
+    sent_ids = list(range(B))  # original index of each live sentence
+    scores = torch.zeros(B, K, dtype=torch.float64, device=device)
+    scores[:, 1:] = float("-inf")  # all beams start identical: expand only beam 0 at first
+    prefix = torch.full((B * K, 1), bos_id, dtype=torch.long, device=device)  # (A*K, 1+t)
+    trail = AttentionTrail() if return_attention else None
+    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
+
+    t = 0
+    while sent_ids:
+        if should_stop is not None and should_stop():
+            raise DecodingStopped(f"beam search stopped by its caller at step {t}")
+        logits, attn = _first_or_next_step(model, prefix, memory, src_pad, cache, K, t, return_attention)
+        at_max = (t >= on_device[0]).repeat_interleave(K)  # (copies to a GPU would wait for it too)
+        step = _forced_at(forced, on_device[1], t)
+        logp = _step_log_probs(logits, ends, model.pad_id, at_max,
+                               step.repeat_interleave(K) if step is not None else None)
+        top_scores, top_tok, top_row = _top_candidates(logp, scores, K)
+        is_eos = top_tok == eos_id
+        if trail is not None and attn is not None:
+            trail.add(attn)
+
+        # Finalise eos candidates ranked within the top K (and reachable: finite score).
+        for a, r in (is_eos[:, :K] & torch.isfinite(top_scores[:, :K])).nonzero().tolist():
+            row = int(top_row[a, r])
+            hyp = Hypothesis(prefix[row, 1:].tolist(), float(top_scores[a, r]) / gnmt_penalty(t + 1, alpha))
+            finished[sent_ids[a]].append(hyp)
+            if trail is not None:
+                trail.end(hyp, t, row)
+
+        # New beams: the K best non-eos candidates, in score order (eos ranks pushed last).
+        n_cand = top_tok.size(1)
+        rank = is_eos.long() * n_cand + torch.arange(n_cand, device=device)
+        pick = rank.topk(K, dim=1, largest=False).indices  # (A, K)
+        scores, rows, toks = top_scores.gather(1, pick), top_row.gather(1, pick), top_tok.gather(1, pick)
+        t += 1
+
+        best_live = scores[:, 0].tolist()
+        keep = [a for a, i in enumerate(sent_ids)
+                if not _sentence_done(finished[i], best_live[a], t, max_len[a], K, n_best, alpha, exhaustive)]
+        if len(keep) < len(sent_ids):
+            keep_t = torch.tensor(keep, dtype=torch.long, device=device)
+            rows, scores, toks = rows[keep_t], scores[keep_t], toks[keep_t]
+            sent_ids, max_len = [sent_ids[a] for a in keep], [max_len[a] for a in keep]
+            on_device = on_device[0][keep_t], on_device[1][keep_t]
+            memory, src_pad = memory[keep_t], src_pad[keep_t]
+            cache.reorder(rows.view(-1), cross_index=keep_t)
+        else:  # beams only moved within their sentences: cross-attention K/V stay as they are
+            cache.reorder(rows.view(-1))
+        prefix = torch.cat((prefix[rows.view(-1)], toks.reshape(-1, 1)), dim=1)
+        if trail is not None:
+            trail.moved(rows.view(-1))
+
+    best = [sorted(fins, key=lambda h: h.score, reverse=True)[:n_best] for fins in finished]
+    if trail is not None:
+        _attach_attention(best, trail, sentence_pad)
+    return best

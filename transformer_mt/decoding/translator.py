@@ -1,0 +1,328 @@
+"""The one decoding path, and the Python API on top of it: load a checkpoint once, translate many sentences.
+
+    >>> from transformer_mt import Translator
+    >>> engine = Translator.from_checkpoint("saved_weights/<run>", device="auto")
+    >>> engine.predict("He is sleeping.")
+    'Il dort.'
+    >>> engine.translate(["I am cold.", "Where is the station?"], beam_size=5)
+
+`decode_ids` decodes token ids in length-sorted batches and returns hypotheses in input order; which
+search runs (greedy, beam, sampling) is decided by a `DecodingConfig`. Validation during training,
+`evaluate` and `translate` all decode through it, so what a notebook gets is what the CLI prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from transformer_mt.checkpoints.store import model_from_checkpoint
+from transformer_mt.config import DecodingConfig, DeviceConfig
+from transformer_mt.data import length_sorted_batches, pad_sources
+from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Vocabulary
+from transformer_mt.decoding.alignment import source_words, target_words, word_alignment
+from transformer_mt.decoding.scoring import PairScore, forced_attention, score_pairs
+from transformer_mt.decoding.search import Hypothesis, StopCheck, beam_search, greedy_search, sample
+from transformer_mt.errors import ConfigError, DataError
+from transformer_mt.model import Ensemble, Transformer
+from transformer_mt.runtime.device import Precision, autocast, precision, select_device
+
+log = logging.getLogger(__name__)
+
+
+def decode_ids(
+    model: Transformer,
+    src_ids: Sequence[Sequence[int]],
+    decoding: DecodingConfig,
+    device: torch.device,
+    return_attention: bool = False,
+    generator: torch.Generator | None = None,
+    amp: torch.dtype | None = None,
+    prefixes: Sequence[Sequence[int]] | None = None,
+    should_stop: StopCheck | None = None,
+) -> list[list[Hypothesis]]:
+    """Decode token-id sources (without eos) and return each sentence's n-best list, input order kept;
+    under autocast to `amp` when given (the searches score in float32 and float64 all the same). With
+    prefixes (target token ids per sentence), each output starts with its own. should_stop is asked
+    once per decoding step; True ends the decoding with `DecodingStopped`."""
+    was_training = model.training
+    model.eval()
+    results: list[list[Hypothesis]] = [[] for _ in src_ids]
+    try:
+        with autocast(device, amp):
+            for batch in decoding_batches([len(s) for s in src_ids], decoding, device):
+                src = pad_sources([list(src_ids[i]) for i in batch], PAD_ID).to(device)
+                forced = [prefixes[i] for i in batch] if prefixes else None
+                found = _search(model, src, decoding, return_attention, generator, forced, should_stop)
+                for i, hyps in zip(batch, found):
+                    results[i] = hyps
+    finally:
+        model.train(was_training)
+    return results
+
+
+def decoding_batches(lengths: Sequence[int], decoding: DecodingConfig,
+                     device: torch.device) -> list[list[int]]:
+    """The batches `decode_ids` decodes sentences of these source lengths in (indices, shortest first)."""
+    # Beam search holds beam_size rows per sentence: budget the batch by what is really computed.
+    budget = max(1, decoding.batch_tokens_on(device) // (1 if decoding.sampling else decoding.beam_size))
+    return length_sorted_batches(lengths, budget)
+
+
+def _search(model: Transformer, src: torch.Tensor, decoding: DecodingConfig, return_attention: bool,
+            generator: torch.Generator | None, prefixes: Sequence[Sequence[int]] | None,
+            should_stop: StopCheck | None) -> list[list[Hypothesis]]:
+    """The search `decoding` asks for: sampling, greedy (beam 1) or beam search."""
+    ends = dict(bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=decoding.max_len_a, max_len_b=decoding.max_len_b,
+                prefixes=prefixes, should_stop=should_stop)
+    if decoding.sampling:
+        return sample(model, src, temperature=decoding.temperature, top_k=decoding.top_k,
+                      top_p=decoding.top_p, generator=generator, **ends)
+    if decoding.beam_size == 1:
+        return greedy_search(model, src, use_cache=decoding.use_cache, return_attention=return_attention,
+                             **ends)
+    return beam_search(model, src, beam_size=decoding.beam_size, length_penalty=decoding.length_penalty,
+                       n_best=decoding.n_best, return_attention=return_attention, **ends)
+
+
+@dataclass
+class Translation:
+    """One hypothesis: detokenised text, its model score and (on request) cross-attention and word
+    alignment."""
+
+    text: str
+    score: float
+    tokens: list[str] | None = None
+    attention: torch.Tensor | None = None  # (layers, heads, output tokens + eos, source tokens + eos)
+    alignment: list[tuple[int, int]] | None = None  # (source word, target word) links, decoding.alignment
+
+
+@dataclass(frozen=True)
+class Unfit:
+    """One text or prefix an engine cannot take as it is: `side` ("text" or "prefix") and `index` name it;
+    `too_long` tells too many tokens from text that cannot be encoded at all."""
+
+    side: str
+    index: int
+    too_long: bool
+    reason: str
+
+
+class TextTranslator:
+    """What every engine offers on top of its own `translate_nbest`: strings in, strings out.
+
+    Subclasses set `vocab` and `decoding`, and call `limit_inputs`.
+    """
+
+    vocab: Vocabulary
+    decoding: DecodingConfig
+    max_input_tokens: int
+    max_prefix_tokens: int
+    max_positions: int
+    truncated: int
+
+    def limit_inputs(self, max_positions: int, max_input_tokens: int | None) -> None:
+        """Sources are cut to max_input_tokens, and always to the model's positions less one for their
+        <eos>; `truncated` counts the sources cut. A forced prefix fits the positions less one for <bos>."""
+        self.max_input_tokens = min(max_input_tokens or max_positions - 1, max_positions - 1)
+        self.max_prefix_tokens = max_positions - 1
+        self.max_positions = max_positions
+        self.truncated = 0
+
+    def unfit_inputs(self, texts: Sequence[str], prefixes: Sequence[str] | None = None) -> list[Unfit]:
+        """Every text or prefix this engine cannot translate as it is, encoded as `translate_nbest` encodes
+        it: text that is not valid Unicode (a lone UTF-16 surrogate, which the tokenizer rejects), or more
+        tokens than the model has positions for (texts: max_input_tokens, which `encode` would cut them to;
+        prefixes: max_prefix_tokens)."""
+        found: list[Unfit] = []
+        sides = (("text", [t.strip() for t in texts], self.vocab.encode_src, self.max_input_tokens),
+                 ("prefix", list(prefixes or []), self.vocab.encode_tgt, self.max_prefix_tokens))
+        for side, items, encode, limit in sides:
+            valid = []
+            for i, item in enumerate(items):
+                try:
+                    item.encode("utf-8")
+                    valid.append(i)
+                except UnicodeEncodeError as ex:
+                    reason = (f"is not valid Unicode (character {ex.start + 1} is a lone surrogate: half a "
+                              "UTF-16 pair, or a byte that was not UTF-8)")
+                    found.append(Unfit(side, i, False, reason))
+            for i, ids in zip(valid, encode([items[i] for i in valid]) if valid else []):
+                if len(ids) > limit:
+                    reason = f"has {len(ids)} tokens; this model takes at most {limit}"
+                    found.append(Unfit(side, i, True, reason))
+        return sorted(found, key=lambda u: (u.side != "text", u.index))
+
+    def translate_nbest(self, sentences: list[str], return_attention: bool = False,
+                        prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
+                        **options: Any) -> list[list[Translation]]:
+        """n-best translations per sentence (best first); with prefixes, each translation starts with
+        its sentence's prefix (decoding.prefix gives one to all). should_stop, asked as decoding goes
+        (once per step where the engine can), ends it early with `DecodingStopped` when it says True."""
+        raise NotImplementedError
+
+    def prefix_ids(self, sentences: list[str], prefixes: list[str] | None,
+                   decoding: DecodingConfig) -> list[list[int]] | None:
+        """Target token ids each translation must start with: prefixes[i], else decoding.prefix."""
+        if prefixes is not None and len(prefixes) != len(sentences):
+            raise ConfigError(f"{len(prefixes)} prefixes for {len(sentences)} sentences; give one each")
+        texts = prefixes if prefixes is not None else [decoding.prefix or ""] * len(sentences)
+        return self.vocab.encode_tgt(texts) if any(texts) else None
+
+    def _options(self, **overrides: Any) -> DecodingConfig:
+        """This engine's decoding settings with the given (non-None) options, validated."""
+        given = {k: v for k, v in overrides.items() if v is not None}
+        decoding = dataclasses.replace(self.decoding, **given)
+        if "beam_size" in given and "n_best" not in given:
+            decoding.n_best = min(decoding.n_best, decoding.beam_size)
+        decoding.check()
+        return decoding
+
+    def encode(self, sentences: list[str]) -> list[list[int]]:
+        """Token ids of each source, cut to the model's length limit (counted in `truncated`)."""
+        ids = self.vocab.encode_src([s.strip() for s in sentences])
+        for i, seq in enumerate(ids):
+            if len(seq) > self.max_input_tokens:
+                ids[i] = seq[: self.max_input_tokens]
+                self.truncated += 1
+                log.warning("input %d has %d tokens; translating its first %d (the model's limit)",
+                            i + 1, len(seq), self.max_input_tokens)
+        return ids
+
+    def translate(self, sentences: str | list[str], beam_size: int | None = None,
+                  prefixes: str | list[str] | None = None, **options: Any) -> str | list[str]:
+        """Best translation of one sentence (a string) or of each sentence of a list (with a prefix
+        each: a string, or a list)."""
+        single = isinstance(sentences, str)
+        batch = [sentences] if single else list(sentences)
+        starts = [prefixes] if isinstance(prefixes, str) else prefixes
+        best = [nbest[0].text for nbest in self.translate_nbest(batch, beam_size=beam_size, prefixes=starts,
+                                                                **options)]
+        return best[0] if single else best
+
+    def predict(self, sentence: str) -> str:
+        """The classic tutorials' one-sentence call."""
+        return self.translate(sentence)  # type: ignore[return-value]
+
+
+class Translator(TextTranslator):
+    """A trained model with its tokenizer, ready to translate plain text."""
+
+    def __init__(self, model: Transformer, vocab: Vocabulary, device: torch.device,
+                 decoding: DecodingConfig | None = None, max_input_tokens: int | None = None,
+                 info: dict[str, Any] | None = None, precision: Precision | None = None):
+        self.model = model.to(device).eval()
+        self.vocab = vocab
+        self.device = device
+        self.precision = precision or Precision(None, "float32")
+        self.decoding = decoding or DecodingConfig()
+        self.limit_inputs(model.config.max_positions, max_input_tokens)
+        self.info = info or {}
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, device: str | torch.device = "auto",
+                        decoding: DecodingConfig | None = None, max_input_tokens: int | None = None,
+                        amp: str = "auto") -> Translator:
+        """Rebuild model and tokenizer from a checkpoint file or run directory (its best checkpoint);
+        several, comma-separated, decode as an ensemble. `amp` as device.amp (auto: bf16 on a CPU with
+        native bf16)."""
+        loaded = [model_from_checkpoint(p) for p in str(path).split(",") if p.strip()]
+        if not loaded:
+            raise ConfigError(f"checkpoint={path} names no checkpoint")
+        file, state, model, vocab = loaded[0]
+        for other, _, _, other_vocab in loaded[1:]:
+            if other_vocab.to_json() != vocab.to_json():
+                raise ConfigError(f"{other} and {file} have different vocabularies; an ensemble needs "
+                                  "models trained with the same tokenizer")
+        target = device if isinstance(device, torch.device) else select_device(DeviceConfig(device))
+        info = {"checkpoint": str(file), "epoch": state.get("epoch"), "step": state.get("step"),
+                "config": state.get("config", {})}
+        if len(loaded) > 1:
+            model = Ensemble([m for _, _, m, _ in loaded])
+            info["ensemble"] = [str(f) for f, _, _, _ in loaded]
+        chosen = precision(DeviceConfig(name=target.type, amp=amp), target, training=False)
+        return cls(model, vocab, target, decoding, max_input_tokens, info, chosen)
+
+    def translate_nbest(self, sentences: list[str], return_attention: bool = False,
+                        prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
+                        **options: Any) -> list[list[Translation]]:
+        """n-best translations per sentence (best first); empty input gives one translation: its prefix
+        (so every output starts with its prefix), else the empty string."""
+        decoding = self._options(**options)
+        ids = self.encode(sentences)
+        forced = self.prefix_ids(sentences, prefixes, decoding)
+        real = [i for i, s in enumerate(sentences) if s.strip()]
+        results: list[list[Translation]] = [[Translation("", 0.0)] for _ in sentences]
+        empty = [i for i, s in enumerate(sentences) if not s.strip() and forced and forced[i]]
+        for i, text in zip(empty, self.vocab.decode_tgt([forced[i] for i in empty]) if empty else []):
+            results[i] = [Translation(text, 0.0)]
+        if not real:
+            return results
+        hyps = decode_ids(self.model, [ids[i] for i in real], decoding, self.device,
+                          return_attention=return_attention, amp=self.precision.dtype,
+                          prefixes=[forced[i] for i in real] if forced else None, should_stop=should_stop)
+        for i, nbest in zip(real, hyps):
+            texts = self.vocab.decode_tgt([h.tokens for h in nbest])
+            results[i] = [
+                Translation(text, float(h.score),
+                            self.vocab.tgt_tokens_from_ids(h.tokens) if return_attention else None,
+                            h.attention)
+                for text, h in zip(texts, nbest)
+            ]
+        if decoding.alignment:
+            outputs = {i: [h.tokens for h in nbest] for i, nbest in zip(real, hyps)}
+            self._align(sentences, ids, results, outputs, decoding)
+        return results
+
+    def _align(self, sentences: list[str], ids: list[list[int]], results: list[list[Translation]],
+               outputs: dict[int, list[list[int]]], decoding: DecodingConfig) -> None:
+        """Set each translation's word alignment from one forced-decoding pass over it (whatever search
+        produced it); an empty source has no words, and its translation (its prefix) no links."""
+        layers = self.model.config.decoder_layers
+        if not -layers <= decoding.alignment_layer < layers:
+            raise ConfigError(f"decoding.alignment_layer={decoding.alignment_layer} is out of range; this "
+                              f"model has {layers} decoder layers ({-layers} to {layers - 1})")
+        for nbest in results:
+            for t in nbest:
+                t.alignment = []
+        pairs = [(i, k) for i, outs in outputs.items() for k in range(len(outs))]
+        attention = forced_attention(self.model, [ids[i] for i, _ in pairs],
+                                     [outputs[i][k] for i, k in pairs], self.device,
+                                     decoding.batch_tokens_on(self.device), decoding.alignment_layer,
+                                     self.precision.dtype)
+        for (i, k), weights in zip(pairs, attention, strict=True):
+            src = source_words(self.vocab.src, sentences[i].strip(), len(ids[i]))
+            tgt = target_words(self.vocab.tgt, outputs[i][k])
+            results[i][k].alignment = word_alignment(weights, src, tgt)
+
+    def score(self, sources: list[str], targets: list[str],
+              batch_tokens: int | None = None) -> list[PairScore]:
+        """The model's log-probability of each target given its source (teacher forcing, as in training;
+        tokens: the target's pieces and its <eos>); DataError naming the first pair too long for the
+        model (1-based)."""
+        if len(sources) != len(targets):
+            raise ConfigError(f"{len(sources)} sources but {len(targets)} targets; give one target each")
+        src_ids = self.vocab.encode_src([s.strip() for s in sources])
+        tgt_ids = self.vocab.encode_tgt([t.strip() for t in targets])
+        limit = self.model.config.max_positions - 1  # the encoder's <eos>, the decoder's <bos>
+        for number, (s, t) in enumerate(zip(src_ids, tgt_ids), start=1):
+            if max(len(s), len(t)) > limit:
+                side, n = ("source", len(s)) if len(s) > limit else ("target", len(t))
+                raise DataError(f"pair {number}: the {side} has {n} tokens; this model scores at most "
+                                f"{limit}")
+        budget = batch_tokens or self.decoding.batch_tokens_on(self.device)
+        return score_pairs(self.model, src_ids, tgt_ids, self.device, budget, self.precision.dtype)
+
+
+def check_default_prefix(engine: TextTranslator) -> None:
+    """ConfigError when decoding.prefix, which every translation without a prefix of its own starts with,
+    does not fit this engine."""
+    if engine.decoding.prefix:
+        for unfit in engine.unfit_inputs([], [engine.decoding.prefix]):
+            raise ConfigError(f"decoding.prefix {unfit.reason}; shorten it")

@@ -1,0 +1,69 @@
+"""Files a run keeps: every one (checkpoints, caches, exports, reports) is written to a temporary name beside
+it, fsynced and renamed, so that a crash or a full disk never leaves half a file behind; and the space
+a run needs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from transformer_mt.errors import ConfigError
+
+TEMPORARY = ".tmp"  # the suffix of a file being written (.<name>.<random>.tmp): a kill leaves it behind
+
+
+def _new_file_mode() -> int:
+    """The mode `open()` gives a new file: 0o666 less the umask (read at import, before any thread)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+NEW_FILE_MODE = _new_file_mode()
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
+    """Call `write(file)` on a temporary file beside `path`, fsync it, then rename it into place. The
+    file gets the permissions `open()` would give it (mkstemp's are the owner's alone)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMPORARY, dir=path.parent)
+    try:
+        os.fchmod(fd, NEW_FILE_MODE)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def check_writable(run_dir: Path, min_free_mib: int) -> None:
+    """Fail before hours of training, not at the first checkpoint: the directory must take files."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write_test"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as ex:
+        raise ConfigError(f"cannot write to {run_dir} ({ex.strerror}); set checkpoint.dir= or "
+                          "checkpoint.root= to a writable place") from ex
+    free = free_mib(run_dir)
+    if free < min_free_mib:
+        raise ConfigError(f"only {free:.0f} MiB free at {run_dir}; free space or lower "
+                          f"training.min_free_mib={min_free_mib}")
+
+
+def free_mib(directory: Path) -> float:
+    """The space free for files in `directory`, in MiB."""
+    return shutil.disk_usage(directory).free / 2**20

@@ -1,0 +1,62 @@
+"""What a run starts from, read before its plan (plan/) and its Trainer are made: the processes and this
+one's device and precision, every random generator seeded, the checkpoint it resumes or the parent it
+fine-tunes, and the prepared data encoded with the right tokenizer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from transformer_mt.checkpoints import store as ckpt
+from transformer_mt.config import TrainConfig
+from transformer_mt.data import PreparedData
+from transformer_mt.data.tokenizer import Vocabulary
+from transformer_mt.runtime.device import Precision, configure_threads, precision, select_device
+from transformer_mt.runtime.files import check_writable
+from transformer_mt.runtime.rng import seed_everything
+from transformer_mt.training import distributed, finetune
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """A run's processes, device, precision and data; the checkpoint it resumes (`resume=`), or the parent
+    checkpoint it fine-tunes (`init=`) and that checkpoint's path; when it started (time.perf_counter)."""
+
+    world: distributed.World
+    device: torch.device
+    precision: Precision
+    data: PreparedData
+    state: dict[str, Any] | None
+    parent: dict[str, Any] | None
+    parent_path: str | None  # recorded in checkpoints and result.json: the run this one fine-tunes
+    started: float
+
+
+def start_run(cfg: TrainConfig, run_dir: Path) -> RunStart:
+    """Check the run directory, set up this process, load what the run goes on from, prepare its data."""
+    started, world = time.perf_counter(), distributed.current()
+    if world.is_main:
+        check_writable(run_dir, cfg.training.min_free_mib)
+    configure_threads(cfg.device)
+    device = distributed.rank_device(select_device(cfg.device), world)
+    seed_everything(cfg.seed)
+    state = parent = None
+    parent_path = None
+    if cfg.resume:
+        path, state = ckpt.load_latest_good(cfg.resume)
+        log.info("resuming from %s", path)
+        parent_path = state.get("parent")  # (None in checkpoints older than fine-tuning)
+    elif cfg.init:  # fine-tuning: the parent's tokenizer, model and weights; the rest starts anew
+        path, parent = finetune.read_parent(cfg)
+        parent_path = str(path.resolve())
+    vocab = Vocabulary.from_json((state or parent)["tokenizer"]) if state or parent else None
+    data = distributed.prepare_data(cfg.dataset, cfg.tokenizer, run_dir, vocab, world)
+    return RunStart(world, device, precision(cfg.device, device), data, state, parent, parent_path, started)
