@@ -8,6 +8,7 @@ import dataclasses
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,22 @@ def test_imports_flow_one_way() -> None:
         ready = {n for n, deps in graph.items() if n not in placed and deps <= placed | {n}}
         assert ready, f"an import cycle among {sorted(set(graph) - placed)}"
         placed |= ready
+
+
+# The entry points, and two modules every layer uses (docs/architecture.md says why)
+TOP_LEVEL = {"__init__.py", "__main__.py", "cli.py", "errors.py", "tables.py"}
+
+
+def test_the_package_is_in_layers() -> None:
+    """Only the entry points, and the two modules every layer uses (justified in docs/architecture.md),
+    sit at the top; no two modules, and no two classes, share a name: each name shows one place."""
+    assert {p.name for p in PACKAGE.glob("*.py")} == TOP_LEVEL
+    modules = Counter(p.name for p in PACKAGE.rglob("*.py") if p.name != "__init__.py")
+    assert not [name for name, n in modules.items() if n > 1], "modules share a name"
+    classes = Counter(node.name for path in PACKAGE.rglob("*.py")
+                      for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                      if isinstance(node, ast.ClassDef))
+    assert not [name for name, n in classes.items() if n > 1], "classes share a name"
 
 
 def test_scripts_run_against_the_installed_package() -> None:

@@ -58,7 +58,7 @@ def cache_key(cfg: DatasetConfig, tok_cfg: TokenizerConfig, fingerprint: dict[st
 
 
 @dataclass
-class Plan:
+class SplitPlan:
     """Which pairs of the corpus go where: corpus indices of train (in split order), valid and test
     (in split order; empty when the corpus brings its own)."""
 
@@ -93,7 +93,7 @@ def sample_indices(n: int, max_pairs: int | None, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n, size=max_pairs, replace=False))
 
 
-def _plan(cfg: DatasetConfig, corpus: Corpus, held_out: dict[str, list[tuple[str, str]]]) -> Plan:
+def _plan(cfg: DatasetConfig, corpus: Corpus, held_out: dict[str, list[tuple[str, str]]]) -> SplitPlan:
     """The split: drawn from the training pairs, or around the corpus's own valid/test parts, leaving out
     training pairs that share a sentence with them."""
     src_keys, tgt_keys, skipped = _keys(corpus)
@@ -111,16 +111,17 @@ def _plan(cfg: DatasetConfig, corpus: Corpus, held_out: dict[str, list[tuple[str
             log.info("left out %d training pairs that share a sentence with valid or test", (~clean).sum())
         chosen, valid_size = chosen[clean], 0
         if held_out["test"] or not cfg.test_size:  # its own test part, or none wanted (test_size=0)
-            return Plan(n, skipped, used, chosen, empty, empty, len(held_out["valid"]), len(held_out["test"]))
+            return SplitPlan(n, skipped, used, chosen, empty, empty, len(held_out["valid"]),
+                             len(held_out["test"]))
         # a valid part but no test part: the test split is drawn from the training pairs
     split = assign(src_keys[chosen], tgt_keys[chosen], valid_size, cfg.test_size, cfg.split_seed)
     release_freed_memory()
-    return Plan(n, skipped, used, chosen[split.orders[TRAIN]], chosen[split.orders[VALID]],
+    return SplitPlan(n, skipped, used, chosen[split.orders[TRAIN]], chosen[split.orders[VALID]],
                 chosen[split.orders[TEST]], len(held_out["valid"]) if held_out else split.valid_size,
                 split.test_size)
 
 
-def _texts(corpus: Corpus, plan: Plan, limit: int,
+def _texts(corpus: Corpus, plan: SplitPlan, limit: int,
            seed: int) -> tuple[dict[str, list], list[tuple[str, str]]]:
     """Pass 2: the valid and test pairs (split order), and the tokenizer's training pairs: all of them
     in split order, or `limit` drawn at random when there are more."""
@@ -151,7 +152,7 @@ def _encode_side(encode: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]
     return ids, lengths
 
 
-def _encode_train(corpus: Corpus, plan: Plan, vocab: Vocabulary, folder: Path) -> str:
+def _encode_train(corpus: Corpus, plan: SplitPlan, vocab: Vocabulary, folder: Path) -> str:
     """Pass 3: the training pairs' ids, tokenized chunk by chunk in corpus order, then laid out in split
     order in train.{src,tgt}.bin with their offsets; returns the sha256 of the training pairs (in corpus
     order)."""

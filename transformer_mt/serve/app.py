@@ -33,7 +33,7 @@ from transformer_mt.config.checks import n_best_in_beam
 from transformer_mt.decoding.alignment import pharaoh
 from transformer_mt.decoding.translator import TextTranslator, Translation
 from transformer_mt.errors import UserError
-from transformer_mt.serve.attention import AttentionMap, attention_map, check_attention_size
+from transformer_mt.serve.attention_maps import AttentionMap, attention_map, check_attention_size
 from transformer_mt.serve.batcher import Batcher, ClientGone, QueueFull, Search
 from transformer_mt.serve.guard import RequestGuard, max_body_bytes, read_body
 
@@ -62,14 +62,16 @@ class TranslateRequest(BaseModel):
                                            "decoding): one per text, \"\" for none; default: the server's")
 
 
-class Hypothesis(BaseModel):
+class ScoredText(BaseModel):
+    """One of a text's n best translations and its score."""
+
     text: str
     score: float
 
 
 class TranslateResponse(BaseModel):
     translations: list[str] = Field(description="the best translation of each text, in request order")
-    nbest: list[list[Hypothesis]] | None = None
+    nbest: list[list[ScoredText]] | None = None
     attention: list[AttentionMap] | None = None
     alignments: list[str] | None = Field(None, description="the best translation's word alignment of each "
                                          "text (`0-0 1-2 ...`), when asked")
@@ -319,7 +321,7 @@ def respond(engine: TextTranslator, texts: list[str], results: list[list[Transla
     """The response for one request's results (each a best-first n-best list)."""
     out = TranslateResponse(translations=[nbest[0].text for nbest in results])
     if body.scores or (body.n_best or 1) > 1:
-        out.nbest = [[Hypothesis(text=h.text, score=_finite(h.score)) for h in nbest] for nbest in results]
+        out.nbest = [[ScoredText(text=h.text, score=_finite(h.score)) for h in nbest] for nbest in results]
     if body.attention is not False:
         heads = body.attention == "heads"
         out.attention = [attention_map(engine, text, nbest[0], heads) for text, nbest in zip(texts, results)]
