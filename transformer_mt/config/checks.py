@@ -16,22 +16,7 @@ from transformer_mt.config.arguments import not_utf8_text, output_problems
 from transformer_mt.errors import ConfigError
 
 if TYPE_CHECKING:  # types only: the schemas import this module
-    from transformer_mt.config import (
-        DatasetConfig,
-        DecodingConfig,
-        DeviceConfig,
-        EngineConfig,
-        EvaluateConfig,
-        ExportConfig,
-        MixedCorpus,
-        ModelConfig,
-        ScoreConfig,
-        ServeConfig,
-        TokenizerConfig,
-        TrainConfig,
-        TrainingConfig,
-        TranslateConfig,
-    )
+    from transformer_mt.config import schema
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "dataset.name": ("tatoeba", "parallel", "hf", "opus_books"),
@@ -157,7 +142,7 @@ def min_vocab_size(kind: str) -> int:
     return len(SPECIAL_TOKENS) + (BYTE_ALPHABET if kind == "bpe" else 1)
 
 
-def _model_relations(m: ModelConfig) -> list[str]:
+def _model_relations(m: schema.ModelConfig) -> list[str]:
     found = []
     if m.n_heads >= 1 and m.d_model % m.n_heads:
         example = m.n_heads * max(1, m.d_model // m.n_heads)
@@ -168,7 +153,7 @@ def _model_relations(m: ModelConfig) -> list[str]:
     return found
 
 
-def _dataset_relations(d: DatasetConfig) -> list[str]:
+def _dataset_relations(d: schema.DatasetConfig) -> list[str]:
     found = out_of_range("dataset.max_len", d.max_len, d.max_len >= max(1, d.min_len),
                          f">= dataset.min_len ({d.min_len}) and >= 1")
     if d.src_lang == d.tgt_lang:
@@ -193,7 +178,7 @@ def _dataset_relations(d: DatasetConfig) -> list[str]:
 MIXABLE = ("tatoeba", "parallel", "hf")  # the corpora dataset.mix reads
 
 
-def _mixed_corpus(d: DatasetConfig, k: int, corpus: MixedCorpus) -> list[str]:
+def _mixed_corpus(d: schema.DatasetConfig, k: int, corpus: schema.MixedCorpus) -> list[str]:
     """A corpus of dataset.mix: its own keys, then the dataset rules of the section that reads it."""
     key = f"dataset.mix[{k}]"
     if corpus.name not in MIXABLE:
@@ -206,7 +191,7 @@ def _mixed_corpus(d: DatasetConfig, k: int, corpus: MixedCorpus) -> list[str]:
                     _dataset_relations(corpus.dataset(d)) if not p.startswith(shared)]
 
 
-def _parallel_files(d: DatasetConfig) -> list[str]:
+def _parallel_files(d: schema.DatasetConfig) -> list[str]:
     """Each part as two files (its src_path and tgt_path) or one TSV; training data is required."""
     found = []
     for part, pair, tsv in (("", (d.src_path, d.tgt_path), d.path),
@@ -226,7 +211,7 @@ def _parallel_files(d: DatasetConfig) -> list[str]:
     return found
 
 
-def _tokenizer_relations(t: TokenizerConfig) -> list[str]:
+def _tokenizer_relations(t: schema.TokenizerConfig) -> list[str]:
     minimum = min_vocab_size(t.kind)
     parts = f"{len(SPECIAL_TOKENS)} special tokens + {'256 bytes' if t.kind == 'bpe' else '1 symbol'}"
     found = out_of_range("tokenizer.vocab_size", t.vocab_size, t.vocab_size >= minimum,
@@ -243,7 +228,7 @@ def _tokenizer_relations(t: TokenizerConfig) -> list[str]:
 ATTENTION_BACKENDS = ("efficient", "flash", "cudnn", "math")  # model.attention.BACKENDS' names
 
 
-def _device_relations(d: DeviceConfig) -> list[str]:
+def _device_relations(d: schema.DeviceConfig) -> list[str]:
     unknown = [name for name in d.attention_backends if name not in ATTENTION_BACKENDS]
     if unknown:
         return [f"device.attention_backends={list(d.attention_backends)} names unknown kernel(s) "
@@ -252,7 +237,7 @@ def _device_relations(d: DeviceConfig) -> list[str]:
     return []
 
 
-def _training_relations(t: TrainingConfig) -> list[str]:
+def _training_relations(t: schema.TrainingConfig) -> list[str]:
     return (out_of_range("training.average_last", t.average_last, 0 <= t.average_last <= t.keep_last,
                          f"between 0 and training.keep_last ({t.keep_last}), since only kept "
                          "checkpoints average")
@@ -268,11 +253,11 @@ def n_best_in_beam(n_best: int, beam_size: int, prefix: str = "decoding.") -> li
                         f"between 1 and {prefix}beam_size ({beam_size})")
 
 
-def _decoding_relations(dc: DecodingConfig) -> list[str]:
+def _decoding_relations(dc: schema.DecodingConfig) -> list[str]:
     return n_best_in_beam(dc.n_best, dc.beam_size)
 
 
-def _train_relations(cfg: TrainConfig) -> list[str]:
+def _train_relations(cfg: schema.TrainConfig) -> list[str]:
     found = []
     if cfg.model.tie_embeddings and not cfg.tokenizer.joint:
         found.append("model.tie_embeddings=true needs tokenizer.joint=true; set one of them to false")
@@ -288,7 +273,7 @@ def _train_relations(cfg: TrainConfig) -> list[str]:
 _CHECKPOINT = "checkpoint= is required: a .pt file or a run directory under saved_weights/"
 
 
-def _engine_relations(cfg: EngineConfig) -> list[str]:
+def _engine_relations(cfg: schema.EngineConfig) -> list[str]:
     found = []
     if cfg.engine == "ctranslate2" and cfg.device.name == "mps":
         found.append("engine=ctranslate2 runs on cpu or cuda, not mps; set device=cpu")
@@ -297,12 +282,12 @@ def _engine_relations(cfg: EngineConfig) -> list[str]:
     return found
 
 
-def _translate_relations(cfg: TranslateConfig) -> list[str]:
+def _translate_relations(cfg: schema.TranslateConfig) -> list[str]:
     return (_engine_relations(cfg) + not_utf8_text("text=", cfg.text) + output_problems("output", cfg.output)
             + output_problems("attention_png", cfg.attention_png))
 
 
-def _serve_relations(cfg: ServeConfig) -> list[str]:
+def _serve_relations(cfg: schema.ServeConfig) -> list[str]:
     found = _engine_relations(cfg)
     if cfg.decoding.beam_size > cfg.limits.max_beam_size:
         found.append(f"decoding.beam_size={cfg.decoding.beam_size} is above limits.max_beam_size="
@@ -315,18 +300,18 @@ def _serve_relations(cfg: ServeConfig) -> list[str]:
     return found
 
 
-def _engine_needs(cfg: EngineConfig) -> list[str]:
+def _engine_needs(cfg: schema.EngineConfig) -> list[str]:
     if cfg.engine == "ctranslate2":
         return [] if cfg.model_dir else ["engine=ctranslate2 needs model_dir=<directory written by "
                                          "`transformer-mt export checkpoint=...`>"]
     return [] if cfg.checkpoint else [_CHECKPOINT]
 
 
-def _needs_checkpoint(cfg: EvaluateConfig | ExportConfig | ScoreConfig) -> list[str]:
+def _needs_checkpoint(cfg: schema.EvaluateConfig | schema.ExportConfig | schema.ScoreConfig) -> list[str]:
     return [] if cfg.checkpoint else [_CHECKPOINT]
 
 
-def _evaluate_relations(cfg: EvaluateConfig) -> list[str]:
+def _evaluate_relations(cfg: schema.EvaluateConfig) -> list[str]:
     found = output_problems("output_dir", cfg.output_dir, directory=True)
     if cfg.decoding.alignment:
         found.append("decoding.alignment=true is for translate and serve; evaluate scores the translations "
@@ -334,7 +319,7 @@ def _evaluate_relations(cfg: EvaluateConfig) -> list[str]:
     return found
 
 
-def _score_relations(cfg: ScoreConfig) -> list[str]:
+def _score_relations(cfg: schema.ScoreConfig) -> list[str]:
     found = output_problems("output", cfg.output)
     if cfg.input is not None and (cfg.src is not None or cfg.tgt is not None):
         found.append("give the pairs as input=<TSV> or as src=<file> tgt=<file>, not both")
@@ -343,7 +328,7 @@ def _score_relations(cfg: ScoreConfig) -> list[str]:
     return found
 
 
-def _needs_run_dir(cfg: TrainConfig) -> list[str]:
+def _needs_run_dir(cfg: schema.TrainConfig) -> list[str]:
     return [] if cfg.checkpoint.dir else ["checkpoint.dir=null leaves the run without a directory; name "
                                           "one, or leave the key out (the command line and compose() "
                                           "then set it)"]
