@@ -30,6 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CORPORA = (ROOT.parent / "shared" / "data" / "fra-eng.zip", ROOT / "data" / "fra-eng.zip")
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 FIXTURES = ROOT / "tests" / "fixtures"
+# The files whose tests take longest, longest first: pytest-xdist (--dist loadfile) hands files to its
+# workers in collection order, so the long ones start first and the short ones fill in after them.
+LONGEST_FIRST = ("test_faults.py", "test_scripts.py", "test_experiments.py", "test_finetune.py",
+                 "test_plan.py", "test_sweep.py", "test_budget_and_averaging.py", "test_distributed.py")
 
 
 def script_module(name: str) -> Any:
@@ -165,3 +169,9 @@ def held_out_pairs(run_dir: Path, n: int) -> tuple[list[str], list[str]]:
 
     sources, targets = load_split_tsv(run_dir / "split" / "valid.tsv")
     return sources[:n], targets[:n]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest files first (LONGEST_FIRST), the rest in their order: two workers end together."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

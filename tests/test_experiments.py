@@ -37,7 +37,7 @@ def test_recipe_trains_a_few_steps_on_cpu(experiment: str, tmp_path: Path, corpu
     sliver of data, so it fits in seconds."""
     run_dir = tmp_path / "run"
     data = {"dataset.path": corpus, "dataset.url": "null", "dataset.cache_dir": tmp_path / "cache",
-            "dataset.max_pairs": 120, "dataset.valid_size": 10, "dataset.test_size": 10,
+            "dataset.max_pairs": 60, "dataset.valid_size": 10, "dataset.test_size": 10,
             "tokenizer.vocab_size": 400, "training.batch_tokens": 256, "training.epochs": 1,
             "training.valid_max_sentences": 4, "training.progress": "false", "decoding.max_len_b": 3,
             "decoding.max_len_a": 0, "checkpoint.dir": run_dir, "device": "cpu", "training.max_minutes": 1}

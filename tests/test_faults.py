@@ -22,7 +22,7 @@ REGULARISED = {"training.ema_decay": 0.9, "tokenizer.dropout": 0.1}
 # training.plan=auto with the run's length fixed by training.epochs (the tiny run ends long before its
 # budget, which is short so that the probe, a share of it, is too), so that the plan does not depend on
 # the probe's timing; the killed run reuses its saved plan when resumed.
-PLANNED = {"training.plan": "auto", "training.max_minutes": 5}
+PLANNED = {"training.plan": "auto", "training.max_minutes": 1}
 VARIANTS = {"plain": {}, "regularised": REGULARISED, "planned": PLANNED}
 
 
@@ -82,7 +82,7 @@ def finetuned_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path, refere
 
 
 @pytest.mark.parametrize(("kill_after_step", "variant"),
-                         [(3, "plain"), (14, "plain"), (14, "regularised"), (14, "planned")])
+                         [(3, "plain"), (14, "regularised")])  # (plain, planned: on the command line below)
 def test_kill_9_then_resume_is_bit_exact(request: pytest.FixtureRequest, corpus: Path, tmp_path: Path,
                                          kill_after_step: int, variant: str,
                                          caplog: pytest.LogCaptureFixture) -> None:
@@ -103,10 +103,6 @@ def test_kill_9_then_resume_is_bit_exact(request: pytest.FixtureRequest, corpus:
     with caplog.at_level("INFO"):
         tmt.train([f"resume={run_dir}"])  # in this process: the same computation, bit for bit
     assert f"step {killed_at}, lr" in caplog.text  # continued where it was
-    if variant == "planned":
-        assert "the run's plan, as it was made" in caplog.text
-        assert load_checkpoint(run_dir / "epoch_002.pt")["plan"]["values"] == \
-            load_checkpoint(reference_run / "epoch_002.pt")["plan"]["values"]
     expected, got = load_checkpoint(reference_run / "epoch_002.pt"), load_checkpoint(run_dir / "epoch_002.pt")
     weights = ["model", TRAINED] if regularised else ["model"]  # the average, and the trained weights
     assert all(key in expected for key in weights)
@@ -136,9 +132,12 @@ def test_kill_9_then_resume_on_the_command_line_is_bit_exact(request: pytest.Fix
 
     resumed = run_cli("train", f"resume={run_dir}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"step {killed_at}, lr" in (run_dir / "train.log").read_text()  # continued where it was
+    log = (run_dir / "train.log").read_text()
+    assert f"step {killed_at}, lr" in log  # continued where it was
     expected, got = load_checkpoint(reference_run / "epoch_002.pt"), load_checkpoint(run_dir / "epoch_002.pt")
     assert got["step"] == expected["step"] and got["parent"] == expected["parent"]
+    assert (got["plan"] or {}).get("values") == (expected["plan"] or {}).get("values")
+    assert ("the run's plan, as it was made" in log) == (variant == "planned")  # reused, not made again
     for name in expected["model"]:
         assert torch.equal(expected["model"][name], got["model"][name]), f"{name} differs after resume"
     steps = [[json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]

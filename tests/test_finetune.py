@@ -158,7 +158,7 @@ def test_a_planned_fine_tuning_run_keeps_the_parents_shape_and_plans_the_rest(ti
     from transformer_mt.plan import decide, rules
 
     run_dir = tmp_path / "run"
-    tmt.train(finetune_overrides(tiny_run, run_dir, "training.plan=auto", "training.max_minutes=5"))
+    tmt.train(finetune_overrides(tiny_run, run_dir, "training.plan=auto", "training.max_minutes=1"))
     result = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
     plan = result["plan"]
     parent = load_checkpoint(tiny_run / BEST)["config"]["model"]

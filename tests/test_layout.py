@@ -107,6 +107,17 @@ def test_the_package_is_in_layers() -> None:
     assert not [name for name, n in classes.items() if n > 1], "classes share a name"
 
 
+def test_no_packed_assignments() -> None:
+    """`self.a, self.b, self.c, self.d = w, x, y, z` packs four statements into one line: a module is
+    split, not packed (short names for a formula's terms, `d, f = c.d_model, c.d_ff`, read better)."""
+    for name, path in _sources().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Tuple)
+                    and isinstance(node.value, ast.Tuple) and len(node.targets[0].elts) >= 4
+                    and all(isinstance(e, ast.Attribute) for e in node.targets[0].elts)):
+                raise AssertionError(f"{name}:{node.lineno} assigns {len(node.targets[0].elts)} at once")
+
+
 def test_scripts_run_against_the_installed_package() -> None:
     """Scripts neither edit sys.path nor import from tests/: `python scripts/x.py` imports the installed
     package, and a sibling (timing.py) from the script's own directory, which Python puts on sys.path."""

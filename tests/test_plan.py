@@ -27,7 +27,7 @@ from transformer_mt.training.throughput import relative_flops
 
 SIZES = rules.BATCH_CANDIDATES
 # A short budget keeps the probe (a share of it) short; the tiny run's epochs still end it first.
-PLANNED = {"training.plan": "auto", "training.max_minutes": 5}
+PLANNED = {"training.plan": "auto", "training.max_minutes": 1}
 
 
 # -- the rules ---------------------------------------------------------------------------------------
@@ -442,13 +442,13 @@ def test_a_resumed_run_reuses_its_plan(planned_run: Path, tmp_path: Path, monkey
 
 def test_a_run_with_nothing_set_by_hand_is_planned_trained_and_recorded(corpus: Path, tmp_path: Path) -> None:
     """The automatic path, unmocked: the real probe on 600 pairs picks the model, the batch and the rest
-    for a budget of 15 seconds; the run trains until the budget ends it and keeps the plan it trained
+    for a budget of 9 seconds; the run trains until the budget ends it and keeps the plan it trained
     with, every planned key the plan's and within its rule."""
     run_dir = tmp_path / "run"
     tmt.train([f"dataset.path={corpus}", "dataset.url=null", f"dataset.cache_dir={tmp_path / 'cache'}",
                "dataset.max_pairs=600", "dataset.valid_size=60", "dataset.test_size=60",
                "tokenizer.vocab_size=400", "device=cpu", "device.num_threads=1", "training.progress=false",
-               "training.plan=auto", "training.max_minutes=0.25", f"checkpoint.dir={run_dir}"])
+               "training.plan=auto", "training.max_minutes=0.15", f"checkpoint.dir={run_dir}"])
     result = json.loads((run_dir / "result.json").read_text())
     saved = load_checkpoint(run_dir / "latest.pt")
     plan = planning.Plan.from_record(result["plan"])

@@ -28,7 +28,8 @@ class TrainingEpochs:
     def __init__(self, train: EncodedSplit, batch_tokens: int, seed: int,
                  subwords: SubwordSampler | None = None, pad_to_multiple: int = 1,
                  mixture: Mixture | None = None) -> None:
-        self.train, self.batch_tokens, self.seed, self.subwords = train, batch_tokens, seed, subwords
+        self.train, self.batch_tokens, self.seed = train, batch_tokens, seed
+        self.subwords = subwords
         self.pad_to_multiple = pad_to_multiple  # batch lengths and row counts (batching.py)
         self.mixture = mixture
         self._varies = subwords is not None or (mixture is not None and mixture.varies)

@@ -222,7 +222,8 @@ class _Planner:
 def make(cfg: TrainConfig, start: RunStart, overrides: Sequence[str]) -> Plan:
     """Probe, then plan every key of PLANNED the user left open (see rules.py for each rule)."""
     started = time.perf_counter()
-    t, budget_s, data, device = cfg.training, cfg.training.max_minutes * 60, start.data, start.device
+    t, data, device = cfg.training, start.data, start.device
+    budget_s = t.max_minutes * 60
     amp, decode_amp = start.precision.dtype, precision(cfg.device, device, training=False).dtype
     planner = _Planner(cfg, chosen_by_you(cfg, overrides), start.world.size)
     pad = pad_to_multiple(t.pad_to_multiple, device, cfg.device.compile)  # as the run will pad

@@ -52,8 +52,7 @@ class Plan:
         return {c.key: c.source for c in self.choices}
 
     def applied_to(self, cfg: TrainConfig, yours: set[str]) -> TrainConfig:
-        """A copy of cfg with the plan's values, except for the keys in `yours` (what you chose, also on
-        the command line of a resumed run)."""
+        """A copy of cfg with the plan's values, except for `yours` (also a resumed run's command line's)."""
         cfg = copy.deepcopy(cfg)
         for key, value, source, _ in self.choices:
             if source == "plan" and key not in yours:

@@ -29,7 +29,8 @@ class TrainStep:
                  label_smoothing: float, clip_grad_norm: float, world_size: int = 1,
                  ema: WeightAverage | None = None) -> None:
         self.forward, self.model = forward, model
-        self.optimizer, self.scheduler, self.scaler, self.ema = optimizer, scheduler, scaler, ema
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.scaler, self.ema = scaler, ema
         self.device, self.amp, self.world_size = device, amp, world_size
         self.label_smoothing, self.clip_grad_norm = label_smoothing, clip_grad_norm
         self.tally = StepTally(device)

@@ -70,7 +70,8 @@ class Validator:
     def __init__(self, model: Transformer, vocab: Vocabulary, valid: EncodedSplit, cfg: TrainConfig,
                  device: torch.device, amp: torch.dtype | None, records: RunRecords) -> None:
         self.model, self.vocab, self.valid = model, vocab, valid
-        self.training, self.device, self.amp, self.records = cfg.training, device, amp, records
+        self.training, self.records = cfg.training, records
+        self.device, self.amp = device, amp
         self.decode_amp = precision(cfg.device, device, training=False).dtype  # as evaluate decodes
         self.decoding = DecodingConfig(**dataclasses.asdict(cfg.decoding))  # n-best 1, no sampling
 
