@@ -1,11 +1,12 @@
 """The Trainer: from a typed config to checkpoints, in one readable loop.
 
-`Trainer.__init__` sets up the run (device, data and tokenizer, model, optimizer, schedule, records);
-`fit` trains epoch after epoch (`train_epoch`, one optimizer step at a time), validates and keeps a
-checkpoint at each epoch's end (and every `valid_every_steps`), until `should_stop` gives a reason. A
-checkpoint records the position in the epoch and all random state, so `resume=` continues exactly where
-the run stopped; `init=` starts a new run from another's weights (finetune.py).
-A step never waits for the device: what it tells the loop stays there until read (tally.py).
+`Trainer.__init__` builds the run from its finished (planned) config and what it starts from (start.py):
+model, optimizer, schedule, weight average, epochs, records. `fit` trains epoch after epoch
+(`train_epoch`, one optimizer step at a time: step.py), validates and keeps a checkpoint at each epoch's
+end (and every `valid_every_steps`), until `should_stop` gives a reason. A checkpoint records the
+position in the epoch and all random state, so `resume=` continues exactly where the run stopped;
+`init=` starts a new run from another's weights (finetune.py). A step never waits for the device: what
+it tells the loop stays there until read (tally.py).
 """
 
 from __future__ import annotations
