@@ -3,8 +3,8 @@
 Without subword regularisation that is the same split every epoch, shuffled anew; with it
 (`tokenizer.dropout`, `tokenizer.alpha`) the pairs are first segmented anew for the epoch
 (segmentation.py), and the batches follow their new lengths. With several corpora (`dataset.mix`), the
-epoch holds the rows their weights draw for it (mixture.py). When the batch size changes within an
-epoch (the plan's check), the rest of that epoch is the pairs its first batches did not hold, cut anew.
+epoch holds the rows their weights draw for it (mixture.py). The batch size is the run's, fixed before
+training starts.
 """
 
 from __future__ import annotations
