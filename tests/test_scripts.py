@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import zipfile
@@ -165,6 +166,40 @@ def test_results_table(script, tiny_run: Path, tmp_path: Path, capsys: pytest.Ca
                         f"{report['sentences_per_s']:.0f} | {minutes:.1f} |")
     assert lines[-1].startswith("Signatures: BLEU nrefs:1")
 
+
+
+def test_results_table_compares_groups_of_runs(script, tiny_run: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture) -> None:
+    """Each group's mean and spread are those of its runs' reports (one run with two searches needs
+    --search). The tiny run scores 0 BLEU: a2's report is a1's with other scores, as a real run has."""
+    skip = shutil.ignore_patterns("tensorboard")
+    a1, a2, b1 = (Path(shutil.copytree(tiny_run, tmp_path / n, ignore=skip)) for n in ("a1", "a2", "b1"))
+    evaluations = ((a1, "decoding.beam_size=1"), (a2, "decoding.beam_size=1"),
+                   (b1, "decoding.beam_size=1"), (b1, "decoding.beam_size=2"))
+    for run, *overrides in evaluations:
+        tmt.evaluate([f"checkpoint={run}", *overrides])
+    report = a2 / "eval" / "test.best.greedy.json"
+    report.write_text(json.dumps({**json.loads(report.read_text()), "bleu": 31.25, "chrf": 52.5}))
+    greedy = {run.name: json.loads((run / "eval" / "test.best.greedy.json").read_text())
+              for run in (a1, a2, b1)}
+    assert greedy["a1"]["bleu"] != greedy["a2"]["bleu"]  # two different figures to average
+    groups = ["--group", "a", str(a1), str(a2), "--group", "b", str(b1)]
+    table = script("results_table")
+    capsys.readouterr()
+    assert table.main(groups) == 2
+    assert "choose one with --search" in capsys.readouterr().err
+    assert table.main([*groups, "--search", "greedy"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    steps = json.loads((tiny_run / "result.json").read_text())["steps"]
+    bleus, chrfs = [greedy[n]["bleu"] for n in ("a1", "a2")], [greedy[n]["chrf"] for n in ("a1", "a2")]
+    assert (f"| a | 2 | {steps:,} | {statistics.mean(bleus):.2f} | {statistics.stdev(bleus):.2f} | "
+            f"{min(bleus):.2f}–{max(bleus):.2f} | {statistics.mean(chrfs):.2f} | "
+            f"{statistics.stdev(chrfs):.2f} |" in lines)
+    b = greedy["b1"]
+    assert (f"| b | 1 | {steps:,} | {b['bleu']:.2f} | — | {b['bleu']:.2f}–{b['bleu']:.2f} | "
+            f"{b['chrf']:.2f} | — |") in lines
+    assert sum(line.startswith(("| a | a", "| b | b")) for line in lines) == 3  # a row per run
+    assert lines[-1].startswith("Signatures: BLEU nrefs:1")
 
 def test_back_translation(script, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """The whole recipe on 1,600 pairs: the halves are disjoint, the synthetic sources are the reverse model's
