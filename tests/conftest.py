@@ -84,14 +84,32 @@ def keep_torch_threads() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
+# The encoded-corpus cache that runs of tiny_overrides share (its directory in this variable, set by
+# `shared_data_cache`; an environment variable because the test modules import this file under another
+# name than pytest does): preparing the tiny runs' 600 pairs reads all of Tatoeba to split it leak-free,
+# seconds that each run would pay again. The cache is keyed by what decides its content and written under
+# a temporary name, so workers and the commands they start share it safely; tests of the cache itself
+# give a dataset.cache_dir of their own.
+DATA_CACHE = "TMT_TEST_DATA_CACHE"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One data cache for the whole session, in the directory the pytest-xdist workers share."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "data-cache"
+    os.environ[DATA_CACHE] = str(folder)
+    return folder
+
+
 def tiny_overrides(corpus: Path, run_dir: Path, **extra: object) -> list[str]:
     """A training run of seconds: `debug=tiny` (the tiny model, 600 real pairs, a 400-token vocabulary)
-    for two epochs, on one thread, into run_dir."""
+    for two epochs, on one thread, into run_dir, its data from the session's cache (DATA_CACHE)."""
     values: dict[str, object] = {
         "debug": "tiny",
         "dataset.path": corpus,
         "dataset.url": "null",
-        "dataset.cache_dir": run_dir.parent / "cache",
+        "dataset.cache_dir": os.environ.get(DATA_CACHE, run_dir.parent / "cache"),
         "training.epochs": 2,
         "checkpoint.dir": run_dir,
         "device.num_threads": 1,
