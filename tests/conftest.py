@@ -5,6 +5,7 @@ a user would (a subprocess)."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import shutil
 import subprocess
@@ -140,6 +141,43 @@ def run_cli(*args: str, input: str | None = None, timeout: int = 300) -> subproc
     env.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run([sys.executable, "-m", "transformer_mt", *map(str, args)], cwd=ROOT,
                           input=input, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture
+def run_cli_here(monkeypatch: pytest.MonkeyPatch,
+                 capsys: pytest.CaptureFixture[str]) -> Callable[..., subprocess.CompletedProcess]:
+    """`run_cli` in this process: the command line's own entry point (`cli.main`, Hydra and all) and the
+    same result (exit code, stdout, stderr), without the seconds a subprocess spends importing torch.
+    For tests of what the command does, not of starting it. Hydra sets up logging for each job it runs
+    and leaves its config behind (which a later job in this process would take for its own): the root
+    logger and Hydra's config are given back as they were after each command."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from transformer_mt.cli import main
+
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # main hands Hydra the arguments in sys.argv
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+
+    def run(*args: object) -> subprocess.CompletedProcess:
+        root = logging.getLogger()
+        handlers, level, hydra_config = list(root.handlers), root.level, HydraConfig.instance().cfg
+        capsys.readouterr()
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as ex:  # the code a process would end with (a message: printed, and 1)
+            if ex.code is not None and not isinstance(ex.code, int):
+                print(ex.code, file=sys.stderr)
+            code = ex.code if isinstance(ex.code, int) else int(ex.code is not None)
+        finally:
+            for handler in set(root.handlers) - set(handlers):
+                handler.close()
+            root.handlers[:] = handlers
+            root.setLevel(level)
+            HydraConfig.instance().cfg = hydra_config
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["transformer-mt", *map(str, args)], code, out, err)
+
+    return run
 
 
 def _listing(run_dir: Path) -> dict[str, tuple[int, int]]:

@@ -1,15 +1,20 @@
-"""Sweeps: a multirun compares its jobs in one table and in TensorBoard; Optuna and launchers compose."""
+"""Sweeps: a multirun compares its jobs in one table and in TensorBoard; Optuna and launchers compose.
+
+The sweeps run through the command line's entry point in this process (`run_cli_here`): a subprocess
+would add seconds of imports to each; tests/test_faults.py starts a sweep as a subprocess."""
 
 from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import run_cli, smoke_overrides
+from tests.conftest import smoke_overrides
 from transformer_mt.cli import main
 from transformer_mt.config import ConfigError
 from transformer_mt.jobs.composition import compose_hydra, explain_composition_error, precheck
@@ -45,11 +50,12 @@ def _hparams(run_dir: Path) -> dict[str, object]:
     return {k: v.string_value or v.number_value for k, v in start.session_start_info.hparams.items()}
 
 
-def test_each_job_of_a_sweep_writes_into_its_own_checkpoint_dir(tmp_path: Path, corpus: Path) -> None:
+def test_each_job_of_a_sweep_writes_into_its_own_checkpoint_dir(tmp_path: Path, corpus: Path,
+                                                                run_cli_here: Callable[..., Any]) -> None:
     """The usual way to give each job its own directory: Hydra's job number in checkpoint.dir."""
     runs = tmp_path / "runs"
-    result = run_cli("train", "-m", *_sweep_overrides(corpus, tmp_path), "training.lr=5e-4,1e-3",
-                     f"checkpoint.dir={runs}/${{hydra:job.num}}")
+    result = run_cli_here("train", "-m", *_sweep_overrides(corpus, tmp_path), "training.lr=5e-4,1e-3",
+                          f"checkpoint.dir={runs}/${{hydra:job.num}}")
     assert result.returncode == 0, result.stderr[-3000:]
     for job in (0, 1):
         for name in ("best.pt", "result.json", "train.log", ".hydra/config.yaml", "split/test.tsv"):
@@ -79,9 +85,9 @@ def test_hydra_interpolations_work_in_path_keys(path: str) -> None:
     assert "${" not in str(OmegaConf.to_container(cfg.checkpoint, resolve=True))
 
 
-def test_multirun_compares_its_jobs(tmp_path: Path, corpus: Path) -> None:
-    result = run_cli("train", "-m", *_sweep_overrides(corpus, tmp_path),
-                     "model.d_ff=64,128", "training.lr=5e-4,1e-3")
+def test_multirun_compares_its_jobs(tmp_path: Path, corpus: Path, run_cli_here: Callable[..., Any]) -> None:
+    result = run_cli_here("train", "-m", *_sweep_overrides(corpus, tmp_path),
+                          "model.d_ff=64,128", "training.lr=5e-4,1e-3")
     assert result.returncode == 0, result.stderr[-3000:]
     sweep = _sweep_dir(tmp_path)
     with (sweep / "summary.csv").open(encoding="utf-8") as f:
@@ -103,10 +109,12 @@ def test_multirun_compares_its_jobs(tmp_path: Path, corpus: Path) -> None:
     assert table in result.stdout  # printed too
 
 
-def test_optuna_sweep_maximises_bleu_in_three_trials(tmp_path: Path, corpus: Path) -> None:
+@pytest.mark.filterwarnings("ignore::DeprecationWarning:optuna.*")  # its SQLAlchemy 1.x idioms
+def test_optuna_sweep_maximises_bleu_in_three_trials(tmp_path: Path, corpus: Path,
+                                                     run_cli_here: Callable[..., Any]) -> None:
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
-    result = run_cli("train", "-m", "sweep=optuna", "hydra.sweeper.n_trials=3",
-                     *_sweep_overrides(corpus, tmp_path))
+    result = run_cli_here("train", "-m", "sweep=optuna", "hydra.sweeper.n_trials=3",
+                          *_sweep_overrides(corpus, tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     sweep = _sweep_dir(tmp_path)
     assert "Directions: ['maximize']" in result.stdout
