@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 import transformer_mt as tmt
-from tests.conftest import tiny_overrides
+from tests.conftest import DATA_CACHE, tiny_overrides
 from transformer_mt import plan as planning
 from transformer_mt.checkpoints.parameter_count import parameter_count
 from transformer_mt.checkpoints.store import load_checkpoint
@@ -442,13 +443,14 @@ def test_a_resumed_run_reuses_its_plan(planned_run: Path, tmp_path: Path, monkey
 
 def test_a_run_with_nothing_set_by_hand_is_planned_trained_and_recorded(corpus: Path, tmp_path: Path) -> None:
     """The automatic path, unmocked: the real probe on 600 pairs picks the model, the batch and the rest
-    for a budget of 9 seconds; the run trains until the budget ends it and keeps the plan it trained
-    with, every planned key the plan's and within its rule."""
+    for a budget of 7 seconds; the run trains until the budget ends it and keeps the plan it trained
+    with, every planned key the plan's and within its rule. (Its data are the tiny runs' 600 pairs,
+    from the session's data cache: no setting of the plan's.)"""
     run_dir = tmp_path / "run"
-    tmt.train([f"dataset.path={corpus}", "dataset.url=null", f"dataset.cache_dir={tmp_path / 'cache'}",
+    tmt.train([f"dataset.path={corpus}", "dataset.url=null", f"dataset.cache_dir={os.environ[DATA_CACHE]}",
                "dataset.max_pairs=600", "dataset.valid_size=60", "dataset.test_size=60",
                "tokenizer.vocab_size=400", "device=cpu", "device.num_threads=1", "training.progress=false",
-               "training.plan=auto", "training.max_minutes=0.15", f"checkpoint.dir={run_dir}"])
+               "training.plan=auto", "training.max_minutes=0.12", f"checkpoint.dir={run_dir}"])
     result = json.loads((run_dir / "result.json").read_text())
     saved = load_checkpoint(run_dir / "latest.pt")
     plan = planning.Plan.from_record(result["plan"])
