@@ -161,7 +161,7 @@ def run_cli_here(monkeypatch: pytest.MonkeyPatch,
     def run(*args: object) -> subprocess.CompletedProcess:
         root = logging.getLogger()
         handlers, level, hydra_config = list(root.handlers), root.level, HydraConfig.instance().cfg
-        capsys.readouterr()
+        capsys.readouterr()  # the command's output only, as a subprocess's
         try:
             code = main([str(a) for a in args])
         except SystemExit as ex:  # the code a process would end with (a message: printed, and 1)
