@@ -74,14 +74,16 @@ def test_an_ensemble_of_one_is_the_model_and_of_two_copies_the_same(tiny_engine:
 
 
 def test_the_command_scores_a_tsv_two_files_and_stdin_alike(tiny_engine: Translator, pairs, tiny_run: Path,
-                                                            tmp_path: Path) -> None:
+                                                            tmp_path: Path, run_cli_here) -> None:
+    """The same scores from a TSV, two line files and standard input, as TSV or JSON lines. (Standard
+    input as a user's shell gives it, in a process of its own; the rest in this process.)"""
     sources, targets = pairs[0][:6], pairs[1][:6]
     tsv = tmp_path / "pairs.tsv"
     tsv.write_text("".join(f"{s}\t{t}\n" for s, t in zip(sources, targets)), encoding="utf-8")
     (tmp_path / "a.txt").write_text("\n".join(sources) + "\n", encoding="utf-8")
     (tmp_path / "b.txt").write_text("\n".join(targets) + "\n", encoding="utf-8")
     common = [f"checkpoint={tiny_run}", "device=cpu"]
-    done = run_cli("score", *common, f"input={tsv}", f"output={tmp_path / 'out.tsv'}")
+    done = run_cli_here("score", *common, f"input={tsv}", f"output={tmp_path / 'out.tsv'}")
     assert done.returncode == 0, done.stderr
     lines = (tmp_path / "out.tsv").read_text(encoding="utf-8").splitlines()
     expected = tiny_engine.score(sources, targets)
@@ -89,10 +91,10 @@ def test_the_command_scores_a_tsv_two_files_and_stdin_alike(tiny_engine: Transla
     for line, s in zip(lines, expected):
         total, mean = map(float, line.split("\t"))
         assert abs(total - s.log_prob) < 1e-4 * s.tokens and abs(mean - s.mean) < 1e-4
-    files = run_cli("score", *common, f"src={tmp_path / 'a.txt'}", f"tgt={tmp_path / 'b.txt'}")
+    files = run_cli_here("score", *common, f"src={tmp_path / 'a.txt'}", f"tgt={tmp_path / 'b.txt'}")
     piped = run_cli("score", *common, input=tsv.read_text(encoding="utf-8"))
     assert files.stdout.splitlines() == piped.stdout.splitlines() == lines
-    as_json = run_cli("score", *common, f"input={tsv}", "output_format=json")
+    as_json = run_cli_here("score", *common, f"input={tsv}", "output_format=json")
     rows = [json.loads(line) for line in as_json.stdout.splitlines()]
     assert [r["tokens"] for r in rows] == [s.tokens for s in expected]
     assert all(abs(r["log_prob"] - float(line.split("\t")[0])) < 1e-5 for r, line in zip(rows, lines))
@@ -106,8 +108,10 @@ def test_the_command_scores_a_tsv_two_files_and_stdin_alike(tiny_engine: Transla
     ("uneven_files", "has 2 lines but"),
     ("no_checkpoint", "checkpoint= is required"),
 ])
-def test_bad_input_is_one_line_and_writes_nothing(case: str, says: str, tiny_run: Path,
-                                                  tmp_path: Path) -> None:
+def test_bad_input_is_one_line_and_writes_nothing(case: str, says: str, tiny_run: Path, tmp_path: Path,
+                                                  run_cli_here) -> None:
+    """Each mistake ends the command with exit code 2 and one line saying it (run in this process: the
+    command's own entry point, as test_the_command_scores_... runs it in a new one)."""
     texts = {"no_tab": "I am cold.\tJ'ai froid.\nno tab here\n", "three_columns": "a\tb\tc\n", "empty": ""}
     tsv = tmp_path / "pairs.tsv"
     tsv.write_text(texts.get(case, "I am cold.\tJ'ai froid.\n"), encoding="utf-8")
@@ -121,7 +125,7 @@ def test_bad_input_is_one_line_and_writes_nothing(case: str, says: str, tiny_run
         args[1:2] = args[1].split(" ")
     if case == "no_checkpoint":
         args = args[1:]
-    done = run_cli("score", *args)
+    done = run_cli_here("score", *args)
     assert done.returncode == 2, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and says in errors[0], done.stderr
