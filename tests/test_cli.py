@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
 from transformer_mt.cli import main
 from transformer_mt.errors import ConfigError
 from transformer_mt.jobs.composition import explain_composition_error
@@ -99,21 +98,21 @@ def test_sweep_values_are_checked_before_launch(capsys: pytest.CaptureFixture[st
     assert "model=nope is not a known option" in capsys.readouterr().err
 
 
-def test_hydra_cfg_job_prints_the_composed_config() -> None:
-    result = run_cli("train", "--cfg", "job", "model=tiny", "training.lr=5e-4")
+def test_hydra_cfg_job_prints_the_composed_config(run_cli_here) -> None:
+    result = run_cli_here("train", "--cfg", "job", "model=tiny", "training.lr=5e-4")
     assert result.returncode == 0, result.stderr
     assert "d_model: 64" in result.stdout and "lr: 0.0005" in result.stdout
 
 
-def test_each_command_has_its_own_config() -> None:
+def test_each_command_has_its_own_config(run_cli_here) -> None:
     for command, key in (("evaluate", "split: test"), ("translate", "scores: false")):
-        result = run_cli(command, "--cfg", "job")
+        result = run_cli_here(command, "--cfg", "job")
         assert result.returncode == 0, result.stderr
         assert key in result.stdout and "decoding:" in result.stdout
 
 
-def test_missing_checkpoint_is_one_line() -> None:
-    result = run_cli("translate", "checkpoint=/nonexistent/run", "text=Hello")
+def test_missing_checkpoint_is_one_line(run_cli_here) -> None:
+    result = run_cli_here("translate", "checkpoint=/nonexistent/run", "text=Hello")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: checkpoint path /nonexistent/run does not exist; give a .pt file or a run directory"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import transformer_mt as tmt
-from tests.conftest import run_cli, smoke_overrides
+from tests.conftest import smoke_overrides
 from transformer_mt.data import load_split_tsv
 from transformer_mt.decoding.translator import Translator
 from transformer_mt.errors import ConfigError
@@ -23,14 +23,14 @@ def unigram_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
     return run_dir
 
 
-def test_prefix_from_the_command_line_and_a_tsv(tiny_run: Path, tmp_path: Path) -> None:
-    one = run_cli("translate", f"checkpoint={tiny_run}", "decoding.prefix=Il", "text=He is sleeping.")
+def test_prefix_from_the_command_line_and_a_tsv(tiny_run: Path, tmp_path: Path, run_cli_here) -> None:
+    one = run_cli_here("translate", f"checkpoint={tiny_run}", "decoding.prefix=Il", "text=He is sleeping.")
     assert one.returncode == 0, one.stderr
     assert one.stdout.startswith("Il")
     tsv = tmp_path / "in.tsv"
     tsv.write_text("He is sleeping.\tIl dort\nI am cold.\tJ'\nWhere is the station?\n", encoding="utf-8")
-    many = run_cli("translate", f"checkpoint={tiny_run}", f"input={tsv}", "input_format=tsv",
-                   "decoding.beam_size=3")
+    many = run_cli_here("translate", f"checkpoint={tiny_run}", f"input={tsv}", "input_format=tsv",
+                        "decoding.beam_size=3")
     assert many.returncode == 0, many.stderr
     lines = many.stdout.splitlines()
     assert len(lines) == 3 and lines[0].startswith("Il dort") and lines[1].startswith("J'")
@@ -48,7 +48,7 @@ def test_prefix_in_the_python_api(tiny_run: Path) -> None:
         engine.translate(SENTENCES, prefixes=["a", "b"])
 
 
-def test_an_ensemble_of_checkpoints(tiny_run: Path, tmp_path: Path) -> None:
+def test_an_ensemble_of_checkpoints(tiny_run: Path, tmp_path: Path, run_cli_here) -> None:
     # The tiny models mostly stop at once; a prefix gives the comparisons words to continue.
     first, second = tiny_run / "epoch_001.pt", tiny_run / "epoch_002.pt"
     single = Translator.from_checkpoint(second, device="cpu")
@@ -65,15 +65,15 @@ def test_an_ensemble_of_checkpoints(tiny_run: Path, tmp_path: Path) -> None:
     sources, _ = load_split_tsv(tiny_run / "split" / "test.tsv")
     hyps = (tmp_path / "test.ensemble2.beam2.hyp.txt").read_text(encoding="utf-8").splitlines()
     assert bleu >= 0 and hyps == pair.translate(sources, beam_size=2)
-    out = run_cli("translate", f"checkpoint={first},{second}", "decoding.prefix=Je", "scores=true",
-                  "text=I am cold.")
+    out = run_cli_here("translate", f"checkpoint={first},{second}", "decoding.prefix=Je", "scores=true",
+                       "text=I am cold.")
     assert out.returncode == 0, out.stderr
     best = pair.translate_nbest(["I am cold."], prefixes=["Je"])[0][0]
     assert out.stdout == f"{best.score:.4f}\t{best.text}\n" and best.text.startswith("Je")
 
 
-def test_an_ensemble_needs_one_vocabulary(tiny_run: Path, unigram_run: Path) -> None:
-    result = run_cli("translate", f"checkpoint={tiny_run},{unigram_run}", "text=I am cold.")
+def test_an_ensemble_needs_one_vocabulary(tiny_run: Path, unigram_run: Path, run_cli_here) -> None:
+    result = run_cli_here("translate", f"checkpoint={tiny_run},{unigram_run}", "text=I am cold.")
     assert result.returncode == 2
     assert "different vocabularies" in result.stderr and "Traceback" not in result.stderr
 

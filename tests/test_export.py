@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 
 import transformer_mt as tmt
-from tests.conftest import run_cli
 from transformer_mt.checkpoints.store import build_model, model_spec, save_checkpoint
 from transformer_mt.config import (
     ConfigError,
@@ -222,16 +221,17 @@ def test_ctranslate2_engine_needs_a_model_dir() -> None:
         tmt.translate(TranslateConfig(engine="ctranslate2", text="Hello"))
 
 
-def test_cli_export_then_translate(post_norm: Path, tmp_path: Path) -> None:
+def test_cli_export_then_translate(post_norm: Path, tmp_path: Path, run_cli_here) -> None:
     started = time.perf_counter()
     model_dir = tmp_path / "ct2-cli"
-    result = run_cli("export", f"checkpoint={post_norm}", "quantization=float32", f"output_dir={model_dir}")
+    result = run_cli_here("export", f"checkpoint={post_norm}", "quantization=float32",
+                          f"output_dir={model_dir}")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(model_dir.resolve()) and (model_dir / "model.bin").is_file()
 
     text = "Where is the station?"
-    result = run_cli("translate", "engine=ctranslate2", f"model_dir={model_dir}", "device=cpu",
-                     f"text={text}")
+    result = run_cli_here("translate", "engine=ctranslate2", f"model_dir={model_dir}", "device=cpu",
+                          f"text={text}")
     assert result.returncode == 0, result.stderr
     expected = Translator.from_checkpoint(post_norm, device="cpu", amp="off").translate(text)  # beam 5
     assert result.stdout.strip() == expected

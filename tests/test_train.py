@@ -114,9 +114,9 @@ def test_translate_keeps_lines_aligned(tiny_run: Path, monkeypatch: pytest.Monke
     assert len(out) == 4 and out[1] == "" and out[3] == ""
 
 
-def test_translate_text_argument_is_verbatim(tiny_run: Path) -> None:
-    result = run_cli("translate", f"checkpoint={tiny_run}", "text=Hi, it's me = \"Tom\"!",
-                     "decoding.n_best=2", "decoding.beam_size=2", "scores=true")
+def test_translate_text_argument_is_verbatim(tiny_run: Path, run_cli_here) -> None:
+    result = run_cli_here("translate", f"checkpoint={tiny_run}", "text=Hi, it's me = \"Tom\"!",
+                          "decoding.n_best=2", "decoding.beam_size=2", "scores=true")
     assert result.returncode == 0, result.stderr[-3000:]
     rows = result.stdout.strip("\n").split("\n")
     assert len(rows) == 2 and rows[0].startswith("1\t") and rows[1].startswith("2\t")
@@ -192,10 +192,10 @@ def test_python_api(tiny_run: Path) -> None:
     assert [h.score for h in nbest] == sorted((h.score for h in nbest), reverse=True)
 
 
-def test_corrupt_and_mismatched_checkpoints(tiny_run: Path, tmp_path: Path) -> None:
+def test_corrupt_and_mismatched_checkpoints(tiny_run: Path, tmp_path: Path, run_cli_here) -> None:
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes((tiny_run / "best.pt").read_bytes()[:5000])
-    result = run_cli("translate", f"checkpoint={truncated}", "text=Hello")
+    result = run_cli_here("translate", f"checkpoint={truncated}", "text=Hello")
     assert result.returncode == 2 and "corrupt or truncated" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     with pytest.raises(CheckpointError, match="corrupt or truncated"):
