@@ -26,7 +26,7 @@ import numpy as np
 
 import transformer_mt as tmt
 from transformer_mt.config import DatasetConfig
-from transformer_mt.data import load_pairs, sentence_key
+from transformer_mt.data import load_pairs, read_lines, sentence_key
 from transformer_mt.data.cache import sample_indices
 from transformer_mt.data.split import group_roots
 from transformer_mt.tables import markdown_table
@@ -63,7 +63,7 @@ def split_corpus(corpus: Path, src: str, tgt: str, max_pairs: int | None, out: P
              "mono": out / "mono.txt"}
     files["mono"].write_text("".join(f"{t}\n" for _, t in monolingual), encoding="utf-8")
     for name in ("parallel", "valid", "test"):  # the reverse direction's files
-        rows = [line.split("\t") for line in files[name].read_text(encoding="utf-8").splitlines()]
+        rows = [line.split("\t") for line in read_lines(files[name])]
         files[f"{name}_reverse"] = write_tsv(out / f"{name}.reverse.tsv", [(t, s) for s, t in rows])
     counts = {"parallel": len(parallel), "monolingual": len(monolingual), "valid": len(test) // 2,
               "test": len(test) - len(test) // 2}
@@ -92,8 +92,9 @@ def back_translate(reverse_run: Path, files: dict, sampling: bool, out: Path) ->
     if not synthetic.is_file():
         search = ["decoding.sampling=true", "decoding.top_k=10"] if sampling else ["decoding.beam_size=5"]
         tmt.translate([f"checkpoint={reverse_run}", f"input={files['mono']}", f"output={synthetic}", *search])
-    mono = files["mono"].read_text(encoding="utf-8").splitlines()
-    back = synthetic.read_text(encoding="utf-8").splitlines()
+    # lines as translate reads them: str.splitlines() would also split at the form feeds and other
+    # control characters that a barely trained model's byte-level pieces can spell
+    mono, back = read_lines(files["mono"]), read_lines(synthetic)
     pairs = [(s, t) for s, t in zip(back, mono, strict=True) if s.strip()]
     if not pairs:
         raise SystemExit(f"error: the reverse model in {reverse_run} translated none of the {len(mono)} "

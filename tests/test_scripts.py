@@ -21,7 +21,7 @@ import torch
 import transformer_mt as tmt
 from tests.conftest import ROOT, multi30k, tiny_overrides
 from transformer_mt.checkpoints.store import load_checkpoint
-from transformer_mt.data import load_split_tsv
+from transformer_mt.data import load_split_tsv, read_lines
 from transformer_mt.tables import markdown_table
 
 SCRIPTS = ROOT / "scripts"
@@ -211,16 +211,27 @@ def test_back_translation(script, corpus: Path, tmp_path: Path, capsys: pytest.C
     assert script("back_translation").main(["--corpus", str(corpus), "--max-pairs", "1600", "--out", str(out),
                                             *tiny]) == 0
     parallel, test = (load_split_tsv(out / f"{name}.tsv") for name in ("parallel", "test"))
-    mono = (out / "mono.txt").read_text(encoding="utf-8").splitlines()
+    mono = read_lines(out / "mono.txt")
     assert not set(mono) & set(parallel[1]) and not set(test[1]) & (set(mono) | set(parallel[1]))
     synthetic = load_split_tsv(out / "synthetic.tsv")
-    back = (out / "synthetic.txt").read_text(encoding="utf-8").splitlines()
+    back = read_lines(out / "synthetic.txt")
     assert synthetic[1] == [t for s, t in zip(back, mono) if s.strip()]
     summary = json.loads((out / "parallel+bt" / "split" / "train_summary.json").read_text())
     assert summary["mixture"][1]["tag"] == "<bt>" and summary["mixture"][1]["train"] > 0
     table = capsys.readouterr().out
     assert "| parallel only |" in table and "| parallel + tagged back-translation |" in table
     assert "BLEU signature: nrefs:1" in table
+
+
+def test_back_translation_pairs_each_line_with_its_own(script, tmp_path: Path) -> None:
+    """A barely trained model's byte-level pieces can spell a form feed or another control character
+    that str.splitlines() would end a line at: each back-translation still meets its own target line."""
+    mono = tmp_path / "mono.txt"
+    mono.write_text("un\ndeux\ntrois\n", encoding="utf-8")
+    (tmp_path / "synthetic.txt").write_text("one\x0c1\n\n\x1cthree\n", encoding="utf-8")  # exists: not run
+    back_translate = script("back_translation").back_translate
+    synthetic = back_translate(tmp_path / "reverse", {"mono": mono}, False, tmp_path)
+    assert load_split_tsv(synthetic) == (["one\x0c1", "\x1cthree"], ["un", "trois"])
 
 
 def _first_pairs(corpus: Path, path: Path, n: int) -> Path:
