@@ -152,15 +152,17 @@ def test_benchmark_serve(script, tiny_run: Path, tmp_path: Path) -> None:
 
 
 def test_stress_serve_holds_its_criteria(script, tiny_run: Path, tmp_path: Path) -> None:
-    """Eight clients, two of them hostile, for a few seconds: every well-formed request is served or
-    refused with Retry-After, no 5xx but 503, /health stays fast, and the server serves after."""
+    """Eight clients, two of them hostile, for two seconds: every kind of abuse is sent, every well-formed
+    request is served or refused with Retry-After, no 5xx but 503, /health stays fast, and the server
+    serves after."""
     out = tmp_path / "stress.json"
-    code = script("stress_serve").main([str(tiny_run), "--clients", "8", "--seconds", "4",
-                                        "--sentences", "20", "--health-limit", "2", "--out", str(out)])
+    stress = script("stress_serve")
+    code = stress.main([str(tiny_run), "--clients", "8", "--seconds", "2", "--sentences", "20",
+                        "--health-limit", "2", "--out", str(out)])
     r = json.loads(out.read_text())
     assert code == 0, {name: check["value"] for name, check in r["checks"].items() if not check["ok"]}
     assert r["served"] > 0 and r["rss_max_mib"] > 0
-    assert sum(r["statuses"]["surrogate"].values()) > 0  # the hostile clients did send
+    assert set(r["statuses"]) == {"well-formed", *stress.HOSTILE}  # every kind of abuse was sent
 
 
 # -- tools for runs ----------------------------------------------------------------------------------
