@@ -218,7 +218,7 @@ def test_results_table_compares_groups_of_runs(script, tiny_run: Path, tmp_path:
     assert lines[-1].startswith("Signatures: BLEU nrefs:1")
 
 def test_back_translation(script, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """The whole recipe on 600 pairs: the halves are disjoint, the synthetic sources are the reverse model's
+    """The whole recipe on 400 pairs: the halves are disjoint, the synthetic sources are the reverse model's
     translations of the monolingual half, the second run trains on them tagged; one table at the end."""
     out = tmp_path / "bt"
     # Plumbing, not learning: one smoke epoch a run, and --sampling, since a barely trained reverse model's
@@ -227,7 +227,7 @@ def test_back_translation(script, corpus: Path, tmp_path: Path, capsys: pytest.C
     # float32: bf16 autocast (chosen on a CPU with native bf16) only slows a model this small.
     smoke = ["--", "debug=smoke", "dataset.max_pairs=null", "device.num_threads=1", "device.amp=off",
              f"dataset.cache_dir={tmp_path / 'cache'}"]
-    assert script("back_translation").main(["--corpus", str(corpus), "--max-pairs", "600", "--sampling",
+    assert script("back_translation").main(["--corpus", str(corpus), "--max-pairs", "400", "--sampling",
                                             "--out", str(out), *smoke]) == 0
     parallel, test = (load_split_tsv(out / f"{name}.tsv") for name in ("parallel", "test"))
     mono = read_lines(out / "mono.txt")
