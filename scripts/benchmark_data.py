@@ -32,7 +32,9 @@ def write_corpus(folder: Path, n: int, seed: int = 0) -> tuple[Path, Path]:
     """n aligned pseudo-sentence pairs in folder/train.src and folder/train.tgt (written in chunks)."""
     rng = np.random.default_rng(seed)
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
-    vocab = [["".join(rng.choice(letters, size=rng.integers(2, 9))) for _ in range(20_000)] for _ in range(2)]
+    # letters[rng.integers(0, 26, size)] draws what rng.choice(letters, size) draws, at half its cost
+    vocab = [["".join(letters[rng.integers(0, 26, size=rng.integers(2, 9))]) for _ in range(20_000)]
+             for _ in range(2)]
     paths = folder / "train.src", folder / "train.tgt"
     with paths[0].open("w", encoding="utf-8") as src, paths[1].open("w", encoding="utf-8") as tgt:
         for start in range(0, n, 100_000):
