@@ -94,7 +94,8 @@ def back_translate(reverse_run: Path, files: dict, sampling: bool, out: Path) ->
         tmt.translate([f"checkpoint={reverse_run}", f"input={files['mono']}", f"output={synthetic}", *search])
     # lines as translate reads them: str.splitlines() would also split at the form feeds and other
     # control characters that a barely trained model's byte-level pieces can spell
-    mono, back = read_lines(files["mono"]), read_lines(synthetic)
+    mono = read_lines(files["mono"])
+    back = read_lines(synthetic)
     pairs = [(s, t) for s, t in zip(back, mono, strict=True) if s.strip()]
     if not pairs:
         raise SystemExit(f"error: the reverse model in {reverse_run} translated none of the {len(mono)} "

@@ -223,7 +223,7 @@ def test_back_translation(script, corpus: Path, tmp_path: Path, capsys: pytest.C
     out = tmp_path / "bt"
     # Plumbing, not learning: one smoke epoch a run, and --sampling, since a barely trained reverse model's
     # beam search either ends every translation at once (all empty, which the script refuses: the tiny
-    # model's after two epochs) or runs each to its length limit (this one's: 4x the time of sampling).
+    # model's after two epochs) or runs each to its length limit (this one's, at several times the cost).
     # float32: bf16 autocast (chosen on a CPU with native bf16) only slows a model this small.
     smoke = ["--", "debug=smoke", "dataset.max_pairs=null", "device.num_threads=1", "device.amp=off",
              f"dataset.cache_dir={tmp_path / 'cache'}"]
