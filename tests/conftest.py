@@ -33,8 +33,9 @@ MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 FIXTURES = ROOT / "tests" / "fixtures"
 # The files whose tests take longest, longest first: pytest-xdist (--dist loadfile) hands files to its
 # workers in collection order, so the long ones start first and the short ones fill in after them.
-LONGEST_FIRST = ("test_faults.py", "test_scripts.py", "test_experiments.py", "test_finetune.py",
-                 "test_plan.py", "test_sweep.py", "test_budget_and_averaging.py", "test_distributed.py")
+LONGEST_FIRST = ("test_faults.py", "test_scripts.py", "test_distributed.py", "test_sweep.py", "test_serve.py",
+                 "test_budget_and_averaging.py", "test_experiments.py", "test_segmentation.py",
+                 "test_plan.py")
 
 
 def script_module(name: str) -> Any:
