@@ -18,6 +18,9 @@ from transformer_mt.checkpoints.store import TRAINED, CheckpointError, load_chec
 
 FAULT_RUN = {"training.save_every_steps": 1, "training.log_every": 1, "dataset.max_pairs": 400,
              "training.valid_max_sentences": 10, "training.batch_tokens": 768}
+# The uninterrupted runs the killed ones must end like: saving is not part of the computation, so they
+# save only at each epoch's end.
+UNINTERRUPTED = {**FAULT_RUN, "training.save_every_steps": 0}
 REGULARISED = {"training.ema_decay": 0.9, "tokenizer.dropout": 0.1}
 # training.plan=auto with the run's length fixed by training.epochs (the tiny run ends long before its
 # budget, which is short so that the probe, a share of it, is too), so that the plan does not depend on
@@ -52,7 +55,7 @@ def _wait_for(log_file: Path, text: str, proc: subprocess.Popen, timeout: float 
 def reference_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
     """An uninterrupted 2-epoch run with a checkpoint after every step."""
     run_dir = tmp_path_factory.mktemp("faults") / "reference"
-    tmt.train(tiny_overrides(corpus, run_dir, **FAULT_RUN))
+    tmt.train(tiny_overrides(corpus, run_dir, **UNINTERRUPTED))
     return run_dir
 
 
@@ -60,7 +63,7 @@ def reference_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Pat
 def regularised_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
     """The same run with a weight average (EMA) and BPE-dropout: more state that must resume exactly."""
     run_dir = tmp_path_factory.mktemp("faults") / "regularised"
-    tmt.train(tiny_overrides(corpus, run_dir, **FAULT_RUN, **REGULARISED))
+    tmt.train(tiny_overrides(corpus, run_dir, **UNINTERRUPTED, **REGULARISED))
     return run_dir
 
 
@@ -68,7 +71,7 @@ def regularised_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> P
 def planned_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
     """The same run planned (training.plan=auto): the plan's learning rate, warm-up, schedule, averaging."""
     run_dir = tmp_path_factory.mktemp("faults") / "planned"
-    tmt.train(tiny_overrides(corpus, run_dir, **FAULT_RUN, **PLANNED))
+    tmt.train(tiny_overrides(corpus, run_dir, **UNINTERRUPTED, **PLANNED))
     return run_dir
 
 
@@ -76,7 +79,7 @@ def planned_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
 def finetuned_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path, reference_run: Path) -> Path:
     """The same run fine-tuned (init=) from the reference run: the parent's weights and tokenizer."""
     run_dir = tmp_path_factory.mktemp("faults") / "finetuned"
-    tmt.train(tiny_overrides(corpus, run_dir, **FAULT_RUN, init=reference_run))
+    tmt.train(tiny_overrides(corpus, run_dir, **UNINTERRUPTED, init=reference_run))
     return run_dir
 
 
@@ -110,10 +113,11 @@ def test_kill_9_then_resume_is_bit_exact(regularised_run: Path, corpus: Path, tm
 @pytest.mark.parametrize(("kill_after_step", "variant"), [(3, "plain"), (14, "planned"), (14, "finetuned")])
 def test_kill_9_then_resume_on_the_command_line_is_bit_exact(request: pytest.FixtureRequest, corpus: Path,
                                                              tmp_path: Path, kill_after_step: int,
-                                                             variant: str) -> None:
-    """As a user would: the killed run is resumed by `transformer-mt train resume=<dir>` in a new process
-    (the lock the killed one held is free again), and ends with the uninterrupted run's weights and
-    validation records; killed in its first epoch (before any epoch's checkpoint) or its second."""
+                                                             variant: str, run_cli_here) -> None:
+    """As a user would: the killed run is resumed by `transformer-mt train resume=<dir>` (the lock the
+    killed one held is free again), and ends with the uninterrupted run's weights and validation records;
+    killed in its first epoch (before any epoch's checkpoint) or its second. The planned run resumes in a
+    new process, as a user's would; the others through the same entry point in this one."""
     reference_run = request.getfixturevalue("reference_run" if variant == "plain" else f"{variant}_run")
     extra = {**FAULT_RUN, **PLANNED} if variant == "planned" else dict(FAULT_RUN)
     if variant == "finetuned":
@@ -127,7 +131,7 @@ def test_kill_9_then_resume_on_the_command_line_is_bit_exact(request: pytest.Fix
     assert killed_at < load_checkpoint(reference_run / "epoch_002.pt")["step"], "it finished before the kill"
     assert (killed_at < load_checkpoint(reference_run / "epoch_001.pt")["step"]) == (kill_after_step == 3)
 
-    resumed = run_cli("train", f"resume={run_dir}")
+    resumed = (run_cli if variant == "planned" else run_cli_here)("train", f"resume={run_dir}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     log = (run_dir / "train.log").read_text()
     assert f"step {killed_at}, lr" in log  # continued where it was
