@@ -21,7 +21,8 @@ FAULT_RUN = {"training.save_every_steps": 1, "training.log_every": 1, "dataset.m
 # The uninterrupted runs the killed ones must end like: saving is not part of the computation, so they
 # save only at each epoch's end.
 UNINTERRUPTED = {**FAULT_RUN, "training.save_every_steps": 0}
-REGULARISED = {"training.ema_decay": 0.9, "tokenizer.dropout": 0.1}
+REGULARISED = {"training.ema_decay": 0.9, "tokenizer.dropout": 0.1, "dataset.variants.caps": 0.1,
+               "dataset.variants.typos": 0.1}
 # training.plan=auto with the run's length fixed by training.epochs (the tiny run ends long before its
 # budget, which is short so that the probe, a share of it, is too), so that the plan does not depend on
 # the probe's timing; the killed run reuses its saved plan when resumed.
@@ -61,7 +62,8 @@ def reference_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Pat
 
 @pytest.fixture(scope="module")
 def regularised_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
-    """The same run with a weight average (EMA) and BPE-dropout: more state that must resume exactly."""
+    """The same run with a weight average (EMA), BPE-dropout and input variants: more state that must
+    resume exactly."""
     run_dir = tmp_path_factory.mktemp("faults") / "regularised"
     tmt.train(tiny_overrides(corpus, run_dir, **UNINTERRUPTED, **REGULARISED))
     return run_dir

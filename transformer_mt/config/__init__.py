@@ -24,6 +24,7 @@ from transformer_mt.config.schema import (
     TrainConfig,
     TrainingConfig,
     TranslateConfig,
+    VariantsConfig,
     resolve_path,
     validate,
 )
@@ -34,4 +35,4 @@ __all__ = ["CONFIG_DIR", "SCHEMAS", "BatchingConfig", "CheckpointConfig", "Check
            "EngineConfig", "EvaluateConfig", "ExportConfig", "LimitsConfig", "MixedCorpus",
            "ModelConfig", "ScoreConfig", "SearchConfig", "Section", "ServeConfig", "TokenizerConfig",
            "TrainConfig", "TrainingConfig", "TranslateConfig", "TrainingError", "UserError",
-           "resolve_path", "validate"]
+           "VariantsConfig", "resolve_path", "validate"]

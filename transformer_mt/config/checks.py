@@ -167,6 +167,7 @@ def _dataset_relations(d: schema.DatasetConfig) -> list[str]:
         found += _parallel_files(d)
     if d.tag is not None and (not d.tag.strip() or any(c in d.tag for c in "\t\r\n")):
         found.append(f"dataset.tag={d.tag!r}: give a tag of visible text on one line, e.g. <bt>, or null")
+    found += _variants_problems("dataset.variants", d.variants)
     for k, corpus in enumerate(d.mix):
         found += _mixed_corpus(d, k, corpus)
     if d.name in ("hf", "opus_books") and not (d.hf_path or d.hf_data_files):
@@ -186,9 +187,22 @@ def _mixed_corpus(d: schema.DatasetConfig, k: int, corpus: schema.MixedCorpus) -
     found = out_of_range(f"{key}.weight", corpus.weight, MIX_WEIGHT[0](corpus.weight), MIX_WEIGHT[1])
     pairs = corpus.max_pairs
     found += out_of_range(f"{key}.max_pairs", pairs, pairs is None or pairs >= 10, ">= 10 or null")
-    shared = ("dataset.max_len", "dataset.src_lang and")  # the dataset's own keys: reported once
+    if corpus.variants is not None:
+        found += _variants_problems(f"{key}.variants", corpus.variants)
+    shared = ("dataset.max_len", "dataset.src_lang and", "dataset.variants")  # the dataset's: reported once
     return found + [f"{key}: " + p.replace("dataset.", f"{key}.") for p in
                     _dataset_relations(corpus.dataset(d)) if not p.startswith(shared)]
+
+
+def _variants_problems(key: str, v: schema.VariantsConfig) -> list[str]:
+    """Each variant's probability in [0, 1]; the three cases, of which a pair shows one, at most 1 in all."""
+    found = []
+    for name, p in dataclasses.asdict(v).items():
+        found += out_of_range(f"{key}.{name}", p, 0.0 <= p <= 1.0, "in [0, 1]")
+    if (cases := v.caps + v.title + v.lower) > 1.0:
+        found.append(f"{key}.caps + {key}.title + {key}.lower = {cases:g}: a pair shows one case at most, "
+                     "so the three must add up to 1 or less")
+    return found
 
 
 def _parallel_files(d: schema.DatasetConfig) -> list[str]:

@@ -35,6 +35,19 @@ class Section:
 
 
 @dataclass
+class VariantsConfig:
+    """Input as people type it (data/variants.py): the probability that a training pair shows each
+    variant in an epoch. caps, title, lower: both sides, at most one of them a pair; no_punct, typos: the
+    source alone."""
+
+    caps: float = 0.0  # ALL CAPS
+    title: float = 0.0  # Title Case
+    lower: float = 0.0  # all lowercase
+    no_punct: float = 0.0  # the final punctuation left out
+    typos: float = 0.0  # some longer words misspelt
+
+
+@dataclass
 class MixedCorpus:
     """A corpus mixed into the dataset's training pairs (`dataset.mix`): where its pairs come from (as the
     `dataset.*` keys of the same names), how much of an epoch it makes and the tag its sources carry.
@@ -50,11 +63,13 @@ class MixedCorpus:
     max_pairs: int | None = None
     weight: float = 1.0  # an epoch holds its pairs this many times (0.3: a new random 30% each epoch)
     tag: str | None = None  # text put before each of its source sentences, e.g. <bt> (back-translation)
+    variants: VariantsConfig | None = None  # null: the dataset's
 
     def dataset(self, base: DatasetConfig) -> DatasetConfig:
         """The dataset section that reads this corpus: base's languages, lengths and cache, this corpus's
         files, all of its pairs for training (no held-out parts of its own)."""
         location = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        location["variants"] = self.variants or base.variants
         return dataclasses.replace(base, **location, url=None, valid_src_path=None, valid_tgt_path=None,
                                    valid_path=None, test_src_path=None, test_tgt_path=None, test_path=None,
                                    valid_size=0, test_size=0, mix=[])
@@ -96,6 +111,7 @@ class DatasetConfig(Section):
     weight: float = 1.0  # with dataset.mix: how many times an epoch holds this corpus's training pairs
     tag: str | None = None  # text put before each source sentence of this corpus (as MixedCorpus.tag)
     mix: list[MixedCorpus] = field(default_factory=list)  # more corpora for training (data/mixture.py)
+    variants: VariantsConfig = field(default_factory=VariantsConfig)  # training pairs as people type them
 
 
 @dataclass
@@ -283,7 +299,8 @@ class EvaluateConfig:
     tsv_file: str | None = None  # ... or one TSV (source<TAB>reference)
     max_sentences: int | None = None
     output_dir: str | None = None  # null: <run dir>/eval
-    seed: int = 1
+    robustness: bool = False  # also score the set as people type it: ALL CAPS, lowercase, typos, ...
+    seed: int = 1  # the robustness report draws its typos from it
     traceback: bool = False
 
 

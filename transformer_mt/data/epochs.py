@@ -1,10 +1,11 @@
 """What each training epoch trains on: the training pairs and their shuffled token batches.
 
-Without subword regularisation that is the same split every epoch, shuffled anew; with it
-(`tokenizer.dropout`, `tokenizer.alpha`) the pairs are first segmented anew for the epoch
-(segmentation.py), and the batches follow their new lengths. With several corpora (`dataset.mix`), the
-epoch holds the rows their weights draw for it (mixture.py). The batch size is the run's, fixed before
-training starts.
+Without input variants or subword regularisation that is the same split every epoch, shuffled anew.
+With variants (`dataset.variants`) some pairs are first written as people type (variants.py); with
+subword regularisation (`tokenizer.dropout`, `tokenizer.alpha`) the pairs are then segmented anew for
+the epoch (segmentation.py); the batches follow their new lengths. With several corpora
+(`dataset.mix`), the epoch holds the rows their weights draw for it (mixture.py). The batch size is the
+run's, fixed before training starts.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from transformer_mt.data.batching import Batch, TokenBatchSampler
 from transformer_mt.data.encode import EncodedSplit
 from transformer_mt.data.mixture import Mixture
 from transformer_mt.data.segmentation import SubwordSampler
+from transformer_mt.data.variants import InputVariants
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +29,13 @@ class TrainingEpochs:
 
     def __init__(self, train: EncodedSplit, batch_tokens: int, seed: int,
                  subwords: SubwordSampler | None = None, pad_to_multiple: int = 1,
-                 mixture: Mixture | None = None) -> None:
+                 mixture: Mixture | None = None, variants: InputVariants | None = None) -> None:
         self.train, self.batch_tokens, self.seed = train, batch_tokens, seed
         self.subwords = subwords
         self.pad_to_multiple = pad_to_multiple  # batch lengths and row counts (batching.py)
-        self.mixture = mixture
-        self._varies = subwords is not None or (mixture is not None and mixture.varies)
+        self.mixture, self.variants = mixture, variants
+        self._varies = (subwords is not None or variants is not None
+                        or (mixture is not None and mixture.varies))
         self._latest: tuple[int, EncodedSplit, TokenBatchSampler] | None = None
 
     def __call__(self, epoch: int) -> tuple[EncodedSplit, TokenBatchSampler]:
@@ -48,7 +51,13 @@ class TrainingEpochs:
 
     def _build(self, epoch: int, say: Callable[..., None]) -> tuple[EncodedSplit, TokenBatchSampler]:
         """`epoch`'s pairs and sampler, each step that makes them told by `say` (a log level's function)."""
-        split = self.train if self.subwords is None else self._resegment(epoch, say)
+        split = self.train
+        if self.variants is not None:
+            split, shown = self.variants.apply(split, epoch)
+            say("epoch %d: input variants: %s", epoch + 1,
+                ", ".join(f"{n} pairs {name}" for name, n in shown.items()) or "none drawn")
+        if self.subwords is not None:
+            split = self._resegment(split, epoch, say)
         if self.mixture is not None:
             rows = self.mixture.rows(epoch)
             split = split.subset(rows)
@@ -63,11 +72,11 @@ class TrainingEpochs:
         """The examples at indices of an epoch's pairs, padded as the sampler counted them."""
         return split.batch(indices).pad_to(self.pad_to_multiple)
 
-    def _resegment(self, epoch: int, say: Callable[..., None]) -> EncodedSplit:
+    def _resegment(self, split: EncodedSplit, epoch: int, say: Callable[..., None]) -> EncodedSplit:
         assert self.subwords is not None
         started = time.perf_counter()
-        split = self.subwords.resegment(self.train, epoch)
-        plain, sampled = (int(s.src_lens.sum() + s.tgt_lens.sum()) for s in (self.train, split))
+        plain, split = split, self.subwords.resegment(split, epoch)
+        plain, sampled = (int(s.src_lens.sum() + s.tgt_lens.sum()) for s in (plain, split))
         say("epoch %d: training pairs segmented anew, %d tokens (%+.1f%%) in %.1fs", epoch + 1, sampled,
             100 * (sampled / max(plain, 1) - 1), time.perf_counter() - started)
         return split

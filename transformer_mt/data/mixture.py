@@ -103,9 +103,9 @@ def _vocab_key(cfgs: list[DatasetConfig], tok_cfg: TokenizerConfig) -> str:
     """What decides a mixture's tokenizer: the corpora (their files' sizes and times too), their weights,
     the tokenizer settings."""
     tokenizer = {k: v for k, v in dataclasses.asdict(tok_cfg).items() if k not in ("dropout", "alpha")}
+    unrelated = ("cache_dir", "mix", "variants")
     corpora = [{"files": locate(c).fingerprint,
-                **{k: v for k, v in dataclasses.asdict(c).items() if k not in ("cache_dir", "mix")}}
-               for c in cfgs]
+                **{k: v for k, v in dataclasses.asdict(c).items() if k not in unrelated}} for c in cfgs]
     text = json.dumps({"format": CACHE_FORMAT, "tokenizer": tokenizer, "corpora": corpora}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -53,6 +53,19 @@ def score(hypotheses: list[str], references: list[str]) -> Scores:
     )
 
 
+def case_blind(hypotheses: list[str], references: list[str]) -> tuple[float, float]:
+    """BLEU and chrF of the lowercased text (sacrebleu's `lowercase`): what the robustness report scores."""
+    bleu = sacrebleu.metrics.BLEU(lowercase=True).corpus_score(hypotheses, [references])
+    chrf = sacrebleu.metrics.CHRF(lowercase=True).corpus_score(hypotheses, [references])
+    return float(bleu.score), float(chrf.score)
+
+
+def case_blind_signatures() -> tuple[str, str]:
+    """The signatures of `case_blind`'s BLEU and chrF."""
+    return (str(sacrebleu.metrics.BLEU(lowercase=True).get_signature()),
+            str(sacrebleu.metrics.CHRF(lowercase=True).get_signature()))
+
+
 HIGHER_IS_BETTER = {"bleu": True, "chrf": True, "loss": False, "cer": False, "wer": False}
 
 

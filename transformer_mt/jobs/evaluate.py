@@ -17,6 +17,7 @@ from typing import Any
 from transformer_mt.config import DatasetConfig, EvaluateConfig
 from transformer_mt.data import LINE_ENDS, held_out_pairs, load_split_tsv, read_lines
 from transformer_mt.data.split import SPLIT_DIR
+from transformer_mt.decoding import robustness
 from transformer_mt.decoding.metrics import Scores, score
 from transformer_mt.decoding.translator import Translator
 from transformer_mt.errors import ConfigError, DataError
@@ -63,7 +64,7 @@ def evaluate(cfg: EvaluateConfig) -> float:
         raise DataError(f"the {name} set is empty; nothing to evaluate")
 
     started = time.perf_counter()
-    hypotheses = [n[0].text for n in engine.translate_nbest(sources)]
+    hypotheses = _best(engine, sources)
     seconds = time.perf_counter() - started
     scores = score(hypotheses, references)
     d = cfg.decoding
@@ -79,6 +80,10 @@ def evaluate(cfg: EvaluateConfig) -> float:
     members = len(engine.info.get("ensemble", ()))
     stem = f"{name}.{f'ensemble{members}' if members else checkpoint.stem}.{search}"
     text = "\n".join(hypotheses) + "\n"
+    if cfg.robustness:  # the same sentences as people also type them (decoding/robustness.py)
+        rows = robustness.robustness(lambda s: hypotheses if s is sources else _best(engine, s), sources,
+                                     references, cfg.seed)
+        report["robustness"] = robustness.report(rows, cfg.seed)
     atomic_write(out_dir / f"{stem}.hyp.txt", lambda f: f.write(text.encode("utf-8")))
     atomic_write(out_dir / f"{stem}.json", lambda f: f.write(json.dumps(report, indent=2).encode("utf-8")))
     if not members:  # an ensemble is no one checkpoint's step
@@ -90,8 +95,16 @@ def evaluate(cfg: EvaluateConfig) -> float:
     print(f"  chrF signature: {scores.chrf_signature}")
     print(f"  speed: {report['sentences_per_s']:.1f} sentences/s, {report['tokens_per_s']:.0f} tokens/s"
           f" on {engine.device} ({engine.precision})")
+    if cfg.robustness:
+        print(f"input as people type it (seed {cfg.seed}):")
+        print(robustness.table(rows))
     print(f"  wrote {out_dir / (stem + '.hyp.txt')} and {stem}.json")
     return scores.bleu
+
+
+def _best(engine: Translator, sources: list[str]) -> list[str]:
+    """The best translation of each source."""
+    return [n[0].text for n in engine.translate_nbest(sources)]
 
 
 def _log_tensorboard(run_dir: Path, tag: str, scores: Scores, step: int) -> None:

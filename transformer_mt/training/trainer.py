@@ -27,6 +27,7 @@ from transformer_mt.config import TrainConfig
 from transformer_mt.data import Batch
 from transformer_mt.data.epochs import TrainingEpochs
 from transformer_mt.data.segmentation import build as subword_sampler
+from transformer_mt.data.variants import build as input_variants
 from transformer_mt.decoding.metrics import improves
 from transformer_mt.errors import TrainingError
 from transformer_mt.runtime.device import compiled, pad_to_multiple
@@ -65,8 +66,9 @@ class Trainer:
         self.ema = ema.build(self.model, t.ema_decay)  # then validated, saved and translated with
         subwords = subword_sampler(self.vocab, cfg.tokenizer, cfg.seed, cfg.dataset.max_len)
         pad = pad_to_multiple(t.pad_to_multiple, self.device, cfg.device.compile)
+        variants = input_variants(self.vocab, cfg.dataset, self.data.mixture, cfg.seed, len(self.data.train))
         self.epochs = TrainingEpochs(self.data.train, t.batch_tokens, cfg.seed, subwords, pad,
-                                     self.data.mixture)
+                                     self.data.mixture, variants)
         self.clock = TrainingClock(t.max_minutes, spent_s, clock)  # before the schedule
         # This rank's batches per epoch: epoch 0's even when resuming (re-segmented or re-drawn epochs differ)
         self.epoch_batches = self.epochs(0)[1].num_batches(self.world.size)

@@ -1,0 +1,68 @@
+"""The robustness report (`evaluate robustness=true`): the input of each variant, and its scores against
+sacrebleu run here on the same text, through the command's own JSON and through a Translator."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import sacrebleu
+
+import transformer_mt as tmt
+from transformer_mt.data import load_split_tsv
+from transformer_mt.data.variants import add_typos, drop_final_punct
+from transformer_mt.decoding.robustness import AS_WRITTEN, robustness, table, varied_sources
+from transformer_mt.decoding.translator import Translator
+
+SOURCES = ["Where is the station?", "He is sleeping.", "I don't know what to do.",
+           "The meeting has been postponed until tomorrow."]
+
+
+def _lowercased(hypotheses: list[str], references: list[str]) -> tuple[float, float]:
+    """BLEU and chrF of the lowercased text, by sacrebleu's own functions."""
+    return (sacrebleu.corpus_bleu([h.lower() for h in hypotheses], [[r.lower() for r in references]]).score,
+            sacrebleu.corpus_chrf([h.lower() for h in hypotheses], [[r.lower() for r in references]]).score)
+
+
+def test_each_variant_of_the_input() -> None:
+    varied = varied_sources(SOURCES, seed=3)
+    assert list(varied) == [AS_WRITTEN, "caps", "lower", "no_punct", "typos"]
+    assert varied[AS_WRITTEN] is SOURCES
+    assert varied["caps"] == [s.upper() for s in SOURCES] and varied["lower"] == [s.lower() for s in SOURCES]
+    assert varied["no_punct"] == [drop_final_punct(s) for s in SOURCES]
+    assert varied["typos"] == varied_sources(SOURCES, seed=3)["typos"]  # seeded: one input per seed
+    assert any(varied_sources(SOURCES * 20, seed=s)["typos"] != varied_sources(SOURCES * 20, seed=3)["typos"]
+               for s in (4, 5))
+    assert all(len(t) in (len(s) - 1, len(s), len(s) + 1) for t, s in
+               zip(" ".join(varied["typos"]).split(), " ".join(SOURCES).split(), strict=True))
+    assert add_typos("a an the", random.Random(0), rate=1.0) == "a an the"  # no word of 4 letters
+
+
+def test_scores_ignore_case_and_are_sacrebleus() -> None:
+    """A 'model' that copies its input, against the input as references: ALL CAPS and lowercase cost
+    nothing once case is ignored, the punctuation and the typos cost what sacrebleu says."""
+    rows = {r.variant: r for r in robustness(lambda s: list(s), SOURCES, SOURCES, seed=1)}
+    varied = varied_sources(SOURCES, seed=1)
+    for name, row in rows.items():
+        assert (row.bleu, row.chrf) == pytest.approx(_lowercased(varied[name], SOURCES))
+        assert row.share == pytest.approx(row.bleu / rows[AS_WRITTEN].bleu)
+    assert rows["caps"].bleu == pytest.approx(100.0) and rows["lower"].share == pytest.approx(1.0)
+    assert rows["no_punct"].bleu < 100 and rows["no_punct"].changed == len(SOURCES)
+    assert "| ALL CAPS | 100.00 | 100% |" in table(list(rows.values()))
+
+
+def test_evaluate_reports_each_variant(tiny_run_copy: Path, tiny_engine: Translator,
+                                       capsys: pytest.CaptureFixture) -> None:
+    tmt.evaluate([f"checkpoint={tiny_run_copy}", "decoding.beam_size=1", "robustness=true", "seed=2",
+                  "device.amp=off"])
+    [path] = (tiny_run_copy / "eval").glob("test.*.json")
+    report = json.loads(path.read_text())["robustness"]
+    assert report["seed"] == 2 and "case:lc" in report["bleu_signature"]
+    sources, references = load_split_tsv(tiny_run_copy / "split" / "test.tsv")
+    varied = varied_sources(sources, seed=2)
+    for row in report["variants"]:
+        hypotheses = tiny_engine.translate(varied[row["variant"]], beam_size=1)
+        assert (row["bleu"], row["chrf"]) == pytest.approx(_lowercased(hypotheses, references), abs=1e-9)
+    assert "typos (15% of longer words)" in capsys.readouterr().out

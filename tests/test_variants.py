@@ -1,0 +1,174 @@
+"""Input variants (data/variants.py): what each variant writes, how often each is drawn, that only the
+training pairs change and only in their text (decoded ids are the variant of the decoded original), that
+an epoch is drawn the same way every time, that a tag and a mixed corpus's own settings are respected,
+and that bad settings are one line."""
+
+from __future__ import annotations
+
+import random
+import re
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import transformer_mt as tmt
+from tests.conftest import run_cli, smoke_overrides
+from transformer_mt.config import ConfigError, DatasetConfig, MixedCorpus, TokenizerConfig, VariantsConfig
+from transformer_mt.data import EncodedSplit, Ragged
+from transformer_mt.data.mixture import Mixture, Part
+from transformer_mt.data.tokenizer import Vocabulary, train_tokenizers
+from transformer_mt.data.variants import (
+    NAMES,
+    CorpusVariants,
+    InputVariants,
+    add_typos,
+    build,
+    draw,
+    drop_final_punct,
+    shows,
+    title_case,
+)
+
+
+@pytest.fixture(scope="module")
+def pairs(corpus: Path) -> list[tuple[str, str]]:
+    """2,000 real Tatoeba pairs (every 50th line)."""
+    with zipfile.ZipFile(corpus) as z:
+        lines = z.read("fra.txt").decode("utf-8").splitlines()[::50][:2000]
+    return [tuple(line.split("\t")[:2]) for line in lines]  # type: ignore[misc]
+
+
+@pytest.fixture(scope="module")
+def vocab(pairs: list[tuple[str, str]]) -> Vocabulary:
+    return train_tokenizers(TokenizerConfig(kind="bpe", vocab_size=1000), [p[0] for p in pairs],
+                            [p[1] for p in pairs])
+
+
+def _split(vocab: Vocabulary, pairs: list[tuple[str, str]]) -> EncodedSplit:
+    def ragged(ids: list[list[int]]) -> Ragged:
+        offsets = np.concatenate([[0], np.cumsum([len(s) for s in ids])])
+        return Ragged.from_offsets(np.array([i for s in ids for i in s], dtype=np.int32), offsets)
+    return EncodedSplit(ragged(vocab.encode_src([p[0] for p in pairs])),
+                        ragged(vocab.encode_tgt([p[1] for p in pairs])))
+
+
+def _text(vocab: Vocabulary, split: EncodedSplit) -> list[tuple[str, str]]:
+    return list(zip(vocab.decode_src(split.src_ids.tolist()), vocab.decode_tgt(split.tgt_ids.tolist())))
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """b is a with two neighbouring letters swapped, one left out, or one doubled."""
+    if len(b) == len(a):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        swapped = len(diff) == 2 and diff[1] == diff[0] + 1
+        return swapped and (a[diff[0]], a[diff[1]]) == (b[diff[1]], b[diff[0]])
+    short, long_ = (b, a) if len(b) < len(a) else (a, b)
+    return len(long_) == len(short) + 1 and any(long_[:i] + long_[i + 1:] == short for i in range(len(long_)))
+
+
+def test_each_variant_writes_what_its_name_says() -> None:
+    assert title_case("don't leave l'homme au BORD-de-mer, 2 fois") == ("Don't Leave L'homme Au Bord-de-mer, "
+                                                                         "2 Fois")
+    assert drop_final_punct("Où est la gare ?") == "Où est la gare"
+    assert drop_final_punct("Wait... what?!") == "Wait... what"
+    assert drop_final_punct("Il dort.\u202f") == "Il dort"
+    assert drop_final_punct("?") == "?"  # punctuation alone is kept
+    assert drop_final_punct("He said \"Go!\"") == "He said \"Go!\""  # ends with a quote: nothing to drop
+    text = "The meeting has been postponed until tomorrow because of the weather."
+    assert add_typos(text, random.Random(1), rate=0.0) == text
+    every = add_typos(text, random.Random(1), rate=1.0)
+    for before, after in zip(text.split(), every.split(), strict=True):
+        if len(re.sub(r"\W", "", before)) >= 4:
+            assert before[0] == after[0] and _one_edit(before, after), (before, after)
+        else:
+            assert before == after
+    assert add_typos(text, random.Random(7), rate=0.5) == add_typos(text, random.Random(7), rate=0.5)
+
+
+def test_draws_follow_their_probabilities_and_a_pair_shows_one_case_at_most() -> None:
+    cfg = VariantsConfig(caps=0.2, title=0.1, lower=0.3, no_punct=0.5, typos=0.05)
+    rng, n = random.Random(0), 20_000
+    draws = [draw(cfg, rng) for _ in range(n)]
+    shown = {name: sum(1 for d in draws if d is not None and shows(d, name)) / n for name in NAMES}
+    for name in NAMES:
+        assert abs(shown[name] - getattr(cfg, name)) < 0.015, (name, shown[name])
+    assert all(draw(VariantsConfig(), rng) is None for _ in range(100))
+
+
+def test_only_the_drawn_pairs_change_and_only_as_their_variant(vocab: Vocabulary,
+                                                               pairs: list[tuple[str, str]]) -> None:
+    split = _split(vocab, pairs)
+    original = _text(vocab, split)
+    wanted = VariantsConfig(caps=0.5, no_punct=0.3)
+    caps = InputVariants(vocab, [CorpusVariants(0, len(split), wanted, None)], seed=1, max_len=200)
+    varied, shown = caps.apply(split, epoch=0)
+    assert 0.45 < shown["caps"] / len(split) < 0.55 and 0.25 < shown["no_punct"] / len(split) < 0.35
+    changed = 0
+    for (src, tgt), (vsrc, vtgt) in zip(original, _text(vocab, varied), strict=True):
+        assert vtgt in (tgt, tgt.upper())
+        assert vsrc in (src, src.upper(), drop_final_punct(src), drop_final_punct(src.upper()))
+        if src != src.upper() and tgt != tgt.upper():  # ALL CAPS on both sides together, or neither
+            assert (vtgt != tgt) == (vsrc not in (src, drop_final_punct(src)))
+        changed += (vsrc, vtgt) != (src, tgt)
+    assert changed >= shown["caps"] * 0.9
+    again, _ = caps.apply(split, epoch=0)
+    assert again.src_ids.tolist() == varied.src_ids.tolist()  # one epoch, one draw (resume replays it)
+    other, _ = caps.apply(split, epoch=1)
+    assert other.src_ids.tolist() != varied.src_ids.tolist()
+
+
+def test_a_pair_too_long_once_varied_stays_as_it_was(vocab: Vocabulary, pairs: list[tuple[str, str]]) -> None:
+    split = _split(vocab, pairs[:200])
+    longest = int(max(split.src_lens.max(), split.tgt_lens.max()))
+    caps = InputVariants(vocab, [CorpusVariants(0, 200, VariantsConfig(caps=1.0), None)], 1, longest)
+    varied, _ = caps.apply(split, 0)
+    assert int(max(varied.src_lens.max(), varied.tgt_lens.max())) <= longest
+    kept = [i for i in range(200) if varied.src_ids[i].tolist() == split.src_ids[i].tolist()]
+    assert kept  # capitals cost byte-level BPE more tokens: some pairs no longer fit and are kept
+
+
+def test_a_mixed_corpus_takes_its_own_variants_and_keeps_its_tag(vocab: Vocabulary,
+                                                                 pairs: list[tuple[str, str]]) -> None:
+    tagged = [(f"<bt> {s}", t) for s, t in pairs[100:200]]
+    split = _split(vocab, pairs[:100] + tagged)
+    cfg = DatasetConfig(variants=VariantsConfig(), mix=[MixedCorpus(path="bt.tsv", tag="<bt>",
+                                                                   variants=VariantsConfig(caps=1.0))])
+    mixture = Mixture((Part("first", 0, 100, 1.0), Part("bt", 100, 200, 1.0)), seed=1)
+    variants = build(vocab, cfg, mixture, seed=1, rows=200)
+    assert variants is not None
+    varied, shown = variants.apply(split, 0)
+    text = _text(vocab, varied)
+    assert text[:100] == _text(vocab, split)[:100]  # the first corpus: the dataset's variants, none
+    assert shown["caps"] > 90
+    assert all(s.startswith("<bt> ") and s[5:] == s[5:].upper() for s, _ in text[100:] if s != s.lower())
+    assert build(vocab, DatasetConfig(), None, seed=1, rows=200) is None  # nothing asked: nothing built
+
+
+@pytest.mark.parametrize(("variants", "expected"), [
+    ({"caps": 1.5}, r"dataset.variants.caps=1.5 is out of range; it must be in \[0, 1\]"),
+    ({"typos": -0.1}, r"dataset.variants.typos=-0.1 is out of range"),
+    ({"caps": 0.6, "lower": 0.6}, r"caps \+ dataset.variants.title \+ dataset.variants.lower = 1.2"),
+])
+def test_bad_probabilities_are_refused_in_one_line(variants: dict[str, float], expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected) as info:
+        DatasetConfig(variants=VariantsConfig(**variants)).check()
+    assert "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match=r"dataset.mix\[0\].variants.caps=1.5"):
+        DatasetConfig(mix=[MixedCorpus(path="x.tsv", variants=VariantsConfig(caps=1.5))]).check()
+
+
+def test_the_command_line_refuses_an_unknown_variant_in_one_line() -> None:
+    result = run_cli("train", "debug=tiny", "dataset.variants.shout=0.1")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert "dataset.variants.shout" in last
+
+
+def test_a_run_with_variants_logs_what_each_epoch_showed(corpus: Path, tmp_path: Path,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO"):
+        tmt.train(smoke_overrides(corpus, tmp_path / "run", **{"dataset.variants.caps": 0.2,
+                                                             "dataset.variants.typos": 0.2}))
+    assert re.search(r"epoch 1: input variants: \d+ pairs caps, \d+ pairs typos", caplog.text)

@@ -1,0 +1,175 @@
+"""Input as people type it: training pairs shown now and then in a form their corpus rarely holds.
+
+Five variants (`dataset.variants`, or `dataset.mix[k].variants` for one corpus of a mix), each drawn
+for each training pair with its own probability, anew each epoch from the run's seed (a resumed run
+draws the same), on the text, before subword segmentation:
+
+- `caps` ALL CAPS, `title` Title Case, `lower` all lowercase: the source and the target together, so
+  that the output's case follows the input's; at most one of the three for a pair;
+- `no_punct`: the source's final punctuation left out (the target keeps its own);
+- `typos`: the source's longer words misspelt (`add_typos`), the target spelt right.
+
+Validation and test pairs are never varied; `transformer-mt evaluate robustness=true` scores a model on
+the same variants of its test split (decoding/robustness.py). The text functions are the one place
+each variant is defined.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from transformer_mt.config import DatasetConfig, VariantsConfig
+from transformer_mt.data.encode import EncodedSplit
+from transformer_mt.data.mixture import Mixture
+from transformer_mt.data.ragged import Ragged
+from transformer_mt.data.tokenizer import UNK_ID, Vocabulary
+
+TYPO_RATE = 0.15  # the share of a sentence's words of four letters or more that `add_typos` misspells
+_WORD = re.compile(r"[^\W\d_][\w'’-]*")  # a word: a letter, then letters, digits, apostrophes, hyphens
+_LONG_WORD = re.compile(r"[^\W\d_]{4,}")
+# Final punctuation, with the (no-break) spaces French puts before it: "Où est la gare ?" -> "Où est la gare"
+_FINAL_PUNCT = re.compile(r"[\s\u00a0\u202f]*[.!?…。！？]+[\s\u00a0\u202f]*$")
+
+
+def title_case(text: str) -> str:
+    """Each word's first letter upper-case, its others lower-case ("don't" stays one word)."""
+    return _WORD.sub(lambda m: m.group(0)[0].upper() + m.group(0)[1:].lower(), text)
+
+
+def drop_final_punct(text: str) -> str:
+    """The text without its final . ! ? … (a text of punctuation alone is kept)."""
+    return _FINAL_PUNCT.sub("", text) or text
+
+
+def add_typos(text: str, rng: random.Random, rate: float = TYPO_RATE) -> str:
+    """Each word of four letters or more misspelt with probability `rate` by one of a typist's three
+    commonest slips, never on its first letter: two neighbouring letters swapped, one left out, one
+    typed twice."""
+    def slip(match: re.Match[str]) -> str:
+        word = match.group(0)
+        if rng.random() >= rate:
+            return word
+        i, kind = rng.randrange(1, len(word) - 1), rng.randrange(3)
+        if kind == 0:
+            return word[:i] + word[i + 1] + word[i] + word[i + 2:]
+        return word[:i] + word[i + 1:] if kind == 1 else word[:i] + word[i] + word[i:]
+    return _LONG_WORD.sub(slip, text)
+
+
+# How each case variant writes a text: applied to both sides of a pair.
+CASES: dict[str, Callable[[str], str]] = {"caps": str.upper, "title": title_case, "lower": str.lower}
+NAMES = (*CASES, "no_punct", "typos")
+
+
+@dataclass(frozen=True)
+class Draw:
+    """What one pair shows in one epoch."""
+
+    case: str | None
+    no_punct: bool
+    typos: bool
+
+    def source(self, text: str, rng: random.Random) -> str:
+        if self.case:
+            text = CASES[self.case](text)
+        if self.no_punct:
+            text = drop_final_punct(text)
+        return add_typos(text, rng) if self.typos else text
+
+    def target(self, text: str) -> str:
+        return CASES[self.case](text) if self.case else text
+
+
+def draw(cfg: VariantsConfig, rng: random.Random) -> Draw | None:
+    """One pair's variants for one epoch (three numbers drawn, whatever the probabilities)."""
+    u_case, u_punct, u_typos = rng.random(), rng.random(), rng.random()
+    case, edge = None, 0.0
+    for name in CASES:
+        edge += getattr(cfg, name)
+        if case is None and u_case < edge:
+            case = name
+    picked = Draw(case, u_punct < cfg.no_punct, u_typos < cfg.typos)
+    return picked if picked != Draw(None, False, False) else None
+
+
+@dataclass(frozen=True)
+class CorpusVariants:
+    """Rows [start, stop) of the training split, their variants' probabilities and their tag."""
+
+    start: int
+    stop: int
+    variants: VariantsConfig
+    tag: str | None
+
+
+class InputVariants:
+    """Gives each epoch the training pairs with the variants drawn for it."""
+
+    def __init__(self, vocab: Vocabulary, corpora: Sequence[CorpusVariants], seed: int, max_len: int) -> None:
+        self.vocab, self.corpora, self.seed, self.max_len = vocab, tuple(corpora), seed, max_len
+
+    def apply(self, split: EncodedSplit, epoch: int) -> tuple[EncodedSplit, dict[str, int]]:
+        """`epoch`'s pairs, and how many pairs show each variant. A pair whose ids hold <unk> (its text
+        cannot be recovered), or whose varied ids would pass dataset.max_len, is left as it is."""
+        rng = random.Random(f"input-variants:{self.seed}:{epoch}")  # string seeds are stable everywhere
+        drawn = [(row, d, corpus.tag) for corpus in self.corpora for row in range(corpus.start, corpus.stop)
+                 if (d := draw(corpus.variants, rng)) is not None]
+        drawn = [(row, d, tag) for row, d, tag in drawn
+                 if UNK_ID not in split.src_ids[row] and UNK_ID not in split.tgt_ids[row]]
+        if not drawn:
+            return split, {}
+        rows = [row for row, _, _ in drawn]
+        sources = self.vocab.decode_src([split.src_ids[r].tolist() for r in rows])
+        targets = self.vocab.decode_tgt([split.tgt_ids[r].tolist() for r in rows])
+        sources = [_tagged(lambda s, d=d: d.source(s, rng), s, tag) for (_, d, tag), s in zip(drawn, sources)]
+        targets = [d.target(t) for (_, d, _), t in zip(drawn, targets)]
+        src_new, tgt_new = self.vocab.encode_src(sources), self.vocab.encode_tgt(targets)
+        fits = [len(s) <= self.max_len and len(t) <= self.max_len for s, t in zip(src_new, tgt_new)]
+        kept = [i for i, ok in enumerate(fits) if ok]
+        where = np.arange(len(split))
+        where[[rows[i] for i in kept]] = len(split) + np.arange(len(kept))
+        varied = EncodedSplit(_replaced(split.src_ids, [src_new[i] for i in kept], where),
+                              _replaced(split.tgt_ids, [tgt_new[i] for i in kept], where),
+                              split.src_text, split.tgt_text)
+        counts = {name: sum(1 for i in kept if shows(drawn[i][1], name)) for name in NAMES}
+        return varied, {name: n for name, n in counts.items() if n}
+
+
+def _tagged(vary: Callable[[str], str], source: str, tag: str | None) -> str:
+    """`vary` applied to a source without the tag its corpus puts before it (corpora.py)."""
+    prefix = f"{tag.strip()} " if tag else ""
+    if prefix and source.startswith(prefix):
+        return prefix + vary(source[len(prefix):])
+    return vary(source)
+
+
+def shows(d: Draw, name: str) -> bool:
+    """Whether a pair drawn `d` shows the variant `name`."""
+    return d.case == name if name in CASES else getattr(d, name)
+
+
+def _replaced(ids: Ragged, new: list[list[int]], where: np.ndarray) -> Ragged:
+    """`ids` with the rows `where` points past its end replaced by `new`, in that order."""
+    lengths = np.array([len(n) for n in new], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    flat = np.fromiter((i for n in new for i in n), dtype=np.int32, count=int(offsets[-1]))
+    return Ragged.concat([ids, Ragged.from_offsets(flat, offsets)]).take(where)
+
+
+def build(vocab: Vocabulary, cfg: DatasetConfig, mixture: Mixture | None, seed: int,
+          rows: int) -> InputVariants | None:
+    """The run's variants over its `rows` training pairs, or None when no corpus asks for any.
+    Corpora of a mix take their own `variants`, or the dataset's when they give none."""
+    if mixture is None:
+        corpora = [CorpusVariants(0, rows, cfg.variants, cfg.tag)]
+    else:
+        settings = [(cfg.variants, cfg.tag), *((m.variants or cfg.variants, m.tag) for m in cfg.mix)]
+        corpora = [CorpusVariants(part.start, part.stop, variants, tag)
+                   for part, (variants, tag) in zip(mixture.parts, settings, strict=True)]
+    wanted = [c for c in corpora if any(getattr(c.variants, name) > 0 for name in NAMES)]
+    return InputVariants(vocab, wanted, seed, cfg.max_len) if wanted else None

@@ -1,0 +1,65 @@
+"""The robustness report (`transformer-mt evaluate robustness=true`): one set of sentences translated as
+written and as people also type them (the variants of data/variants.py: ALL CAPS, all lowercase, no
+final punctuation, typos), each scored against the same references with case ignored (BLEU and chrF
+of the lowercased text), so that a variant costs what the model loses, not the case it was asked in.
+The typos are drawn from the evaluation's seed: two reports of one model are on the same input.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from transformer_mt.data.variants import CASES, TYPO_RATE, add_typos, drop_final_punct
+from transformer_mt.decoding.metrics import case_blind, case_blind_signatures
+from transformer_mt.tables import markdown_table
+
+AS_WRITTEN = "as written"
+LABELS = {AS_WRITTEN: AS_WRITTEN, "caps": "ALL CAPS", "lower": "all lowercase",
+          "no_punct": "no final punctuation", "typos": f"typos ({TYPO_RATE:.0%} of longer words)"}
+
+
+def varied_sources(sources: list[str], seed: int) -> dict[str, list[str]]:
+    """The sources as written and in each variant the report scores, by the variant's name."""
+    rng = random.Random(f"robustness:{seed}")
+    return {AS_WRITTEN: sources, "caps": [CASES["caps"](s) for s in sources],
+            "lower": [CASES["lower"](s) for s in sources], "no_punct": [drop_final_punct(s) for s in sources],
+            "typos": [add_typos(s, rng) for s in sources]}
+
+
+@dataclass(frozen=True)
+class VariantScore:
+    """One row of the report."""
+
+    variant: str
+    bleu: float  # lowercased
+    chrf: float  # lowercased
+    share: float  # of the BLEU as written
+    changed: int  # sentences the variant changed
+
+
+def robustness(translate: Callable[[list[str]], list[str]], sources: list[str], references: list[str],
+               seed: int) -> list[VariantScore]:
+    """Each variant's scores; `translate` maps sources to hypotheses (one batch call per variant)."""
+    rows, written = [], None
+    for name, varied in varied_sources(sources, seed).items():
+        bleu, chrf = case_blind(translate(varied), references)
+        written = bleu if written is None else written
+        changed = sum(v != s for v, s in zip(varied, sources, strict=True))
+        rows.append(VariantScore(name, bleu, chrf, bleu / written if written else 0.0, changed))
+    return rows
+
+
+def report(rows: list[VariantScore], seed: int) -> dict[str, object]:
+    """The rows as the evaluation's JSON keeps them, with what decides the input and the scores."""
+    bleu_signature, chrf_signature = case_blind_signatures()
+    return {"seed": seed, "typo_rate": TYPO_RATE, "bleu_signature": bleu_signature,
+            "chrf_signature": chrf_signature, "variants": [asdict(r) for r in rows]}
+
+
+def table(rows: list[VariantScore]) -> str:
+    """The rows as a Markdown table."""
+    header = ["input", "BLEU (lowercased)", "of as written", "chrF (lowercased)", "sentences changed"]
+    return markdown_table(header, [[LABELS[r.variant], f"{r.bleu:.2f}", f"{100 * r.share:.0f}%",
+                                    f"{r.chrf:.2f}", str(r.changed)] for r in rows])
