@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +60,9 @@ MAX_D_FF = 65536
 MAX_LAYERS = 256
 MAX_POSITIONS = 16384  # the sinusoid table (max_positions x d_model) is built, not loaded
 MAX_VOCAB_SIZE = 1_048_576
+
+# What a target language may be called in a model of several: it names a token, <2fr> (data/tokenizer.py).
+LANGUAGE_CODE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 
 PROBABILITY: Rule = (lambda v: 0.0 <= v < 1.0, "in [0, 1)")
 POSITIVE: Rule = (lambda v: v > 0, "> 0")
@@ -168,6 +172,10 @@ def _dataset_relations(d: schema.DatasetConfig) -> list[str]:
     if d.tag is not None and (not d.tag.strip() or any(c in d.tag for c in "\t\r\n")):
         found.append(f"dataset.tag={d.tag!r}: give a tag of visible text on one line, e.g. <bt>, or null")
     found += _variants_problems("dataset.variants", d.variants)
+    languages = d.target_languages()
+    if len(languages) > 1 and (bad := [lang for lang in languages if not LANGUAGE_CODE.fullmatch(lang)]):
+        found.append(f"target language(s) {', '.join(map(repr, bad))} cannot name a language token (<2fr>): "
+                     "use letters, digits, _ or -, starting with a letter (fr, de, pt_BR)")
     for k, corpus in enumerate(d.mix):
         found += _mixed_corpus(d, k, corpus)
     if d.name in ("hf", "opus_books") and not (d.hf_path or d.hf_data_files):
@@ -189,7 +197,9 @@ def _mixed_corpus(d: schema.DatasetConfig, k: int, corpus: schema.MixedCorpus) -
     found += out_of_range(f"{key}.max_pairs", pairs, pairs is None or pairs >= 10, ">= 10 or null")
     if corpus.variants is not None:
         found += _variants_problems(f"{key}.variants", corpus.variants)
-    shared = ("dataset.max_len", "dataset.src_lang and", "dataset.variants")  # the dataset's: reported once
+    shared = ("dataset.max_len", "dataset.variants", "target language")  # the dataset's: reported once
+    if not (corpus.src_lang or corpus.tgt_lang):
+        shared += ("dataset.src_lang and",)
     return found + [f"{key}: " + p.replace("dataset.", f"{key}.") for p in
                     _dataset_relations(corpus.dataset(d)) if not p.startswith(shared)]
 

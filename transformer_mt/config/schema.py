@@ -51,7 +51,9 @@ class VariantsConfig:
 class MixedCorpus:
     """A corpus mixed into the dataset's training pairs (`dataset.mix`): where its pairs come from (as the
     `dataset.*` keys of the same names), how much of an epoch it makes and the tag its sources carry.
-    Languages, lengths, split and cache are the dataset's; its held-out parts are the dataset's own."""
+    Lengths, split and cache are the dataset's, and its languages unless it names its own. Its held-out
+    parts are the dataset's own, unless it brings a target language of its own: then they are drawn
+    from its pairs as the dataset's are (a model of several target languages, data/mixture.py)."""
 
     name: str = "parallel"  # tatoeba | parallel | hf
     path: str | None = None
@@ -61,6 +63,8 @@ class MixedCorpus:
     hf_name: str | None = None
     hf_data_files: str | None = None
     max_pairs: int | None = None
+    src_lang: str | None = None  # null: the dataset's
+    tgt_lang: str | None = None  # null: the dataset's; another: one more target language for the model
     weight: float = 1.0  # an epoch holds its pairs this many times (0.3: a new random 30% each epoch)
     tag: str | None = None  # text put before each of its source sentences, e.g. <bt> (back-translation)
     variants: VariantsConfig | None = None  # null: the dataset's
@@ -69,10 +73,13 @@ class MixedCorpus:
         """The dataset section that reads this corpus: base's languages, lengths and cache, this corpus's
         files, all of its pairs for training (no held-out parts of its own)."""
         location = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        location["variants"] = self.variants or base.variants
+        location.update(variants=self.variants or base.variants, src_lang=self.src_lang or base.src_lang,
+                        tgt_lang=self.tgt_lang or base.tgt_lang)
+        held_out = location["tgt_lang"] != base.tgt_lang  # a target language of its own
         return dataclasses.replace(base, **location, url=None, valid_src_path=None, valid_tgt_path=None,
                                    valid_path=None, test_src_path=None, test_tgt_path=None, test_path=None,
-                                   valid_size=0, test_size=0, mix=[])
+                                   valid_size=base.valid_size if held_out else 0,
+                                   test_size=base.test_size if held_out else 0, mix=[])
 
 
 @dataclass
@@ -112,6 +119,14 @@ class DatasetConfig(Section):
     tag: str | None = None  # text put before each source sentence of this corpus (as MixedCorpus.tag)
     mix: list[MixedCorpus] = field(default_factory=list)  # more corpora for training (data/mixture.py)
     variants: VariantsConfig = field(default_factory=VariantsConfig)  # training pairs as people type them
+
+    def target_languages(self) -> list[str]:
+        """The languages the model translates into: the dataset's, then those its mix adds."""
+        found = [self.tgt_lang]
+        for corpus in self.mix:
+            if corpus.tgt_lang and corpus.tgt_lang not in found:
+                found.append(corpus.tgt_lang)
+        return found
 
 
 @dataclass

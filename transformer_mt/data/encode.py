@@ -21,7 +21,7 @@ import logging
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -89,6 +89,8 @@ class PreparedData:
     stats: dict[str, Any]
     summary: dict[str, Any]  # what the run's split/train_summary.json records
     mixture: Mixture | None = None  # with dataset.mix: the corpora's rows of `train` (data/mixture.py)
+    # sources led by language tokens (data/languages.py): each target language's (valid, test)
+    directions: dict[str, tuple[EncodedSplit, EncodedSplit]] = field(default_factory=dict)
 
     def summary_line(self) -> str:
         """One line for the log."""

@@ -32,6 +32,7 @@ from transformer_mt.data.encode import (
     prepare_corpus,
     write_summary,
 )
+from transformer_mt.data.languages import add_tokens, token_languages, write_split_files
 from transformer_mt.data.ragged import Ragged
 from transformer_mt.data.tokenizer import Vocabulary, train_tokenizers
 from transformer_mt.errors import ConfigError, DataError
@@ -110,9 +111,10 @@ def _vocab_key(cfgs: list[DatasetConfig], tok_cfg: TokenizerConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def mixture_vocab(cfgs: list[DatasetConfig], tok_cfg: TokenizerConfig) -> Vocabulary:
+def mixture_vocab(cfgs: list[DatasetConfig], tok_cfg: TokenizerConfig, languages: list[str]) -> Vocabulary:
     """One tokenizer for all the corpora, trained on a sample of their training pairs in the shares an
-    epoch holds them (cached by what decides it, so that a second run reuses it)."""
+    epoch holds them, with a token for each of several target `languages` (cached by what decides it,
+    so that a second run reuses it)."""
     path = resolve_path(cfgs[0].cache_dir) / "mixtures" / f"{_vocab_key(cfgs, tok_cfg)}.json"
     if path.is_file():
         return Vocabulary.from_json(json.loads(path.read_text(encoding="utf-8")))
@@ -124,7 +126,7 @@ def mixture_vocab(cfgs: list[DatasetConfig], tok_cfg: TokenizerConfig) -> Vocabu
     for (sample, _), n in zip(samples, wanted):
         keep = rng.choice(len(sample), min(len(sample), round(n)), replace=False)
         pairs += [sample[i] for i in np.sort(keep)]
-    vocab = train_tokenizers(tok_cfg, [s for s, _ in pairs], [t for _, t in pairs])
+    vocab = train_tokenizers(tok_cfg, [s for s, _ in pairs], [t for _, t in pairs], languages)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".part")
     with os.fdopen(fd, "w", encoding="utf-8") as out:
@@ -148,46 +150,76 @@ def _leak_free(train: EncodedSplit, held_out: list[EncodedSplit],
     return train.subset(np.flatnonzero(keep)), int((~keep).sum())
 
 
+Encoded = tuple[EncodedSplit, str, bool]  # a corpus's training pairs, its name, whether its cache was hit
+
+
+def _encode_corpora(cfgs: list[DatasetConfig], tok_cfg: TokenizerConfig, run_dir: Path | None,
+                    vocab: Vocabulary) -> tuple[dict[str, PreparedData], list[Encoded]]:
+    """Each target language's first corpus prepared as a run of its own (the dataset's with the run's
+    split files), by language; and every corpus's (training pairs, name, cache hit)."""
+    first = prepare_corpus(cfgs[0], tok_cfg, run_dir, vocab)
+    own = {cfgs[0].tgt_lang: first}
+    trains = [(first.train, first.stats["source"], first.stats["cache_hit"])]
+    for corpus_cfg in cfgs[1:]:
+        if corpus_cfg.tgt_lang not in own:
+            data = own[corpus_cfg.tgt_lang] = prepare_corpus(corpus_cfg, tok_cfg, None, vocab)
+            trains.append((data.train, data.stats["source"], data.stats["cache_hit"]))
+            continue
+        content, hit, _ = cached(corpus_cfg, tok_cfg, vocab)
+        train, _ = apply_length_limits(corpus_cfg, EncodedSplit(*content.train), {})
+        trains.append((train, content.meta["source"], hit))
+    return own, trains
+
+
 def prepare_mixture(cfg: DatasetConfig, tok_cfg: TokenizerConfig, run_dir: Path | None = None,
                     vocab: Vocabulary | None = None) -> PreparedData:
     """`prepare_corpus` for a dataset with `mix`: the first corpus prepared as a run of its own (held-out
-    parts, split files, tokenizer), the others encoded with the same tokenizer and put after it."""
+    parts, split files, tokenizer), the others encoded with the same tokenizer and put after it. A
+    corpus of a target language of its own is split as the first is (data/languages.py)."""
     cfgs = corpus_configs(cfg)
-    vocab = vocab or mixture_vocab(cfgs, tok_cfg)
-    first = prepare_corpus(cfgs[0], tok_cfg, run_dir, vocab)
-    splits, parts = [first.train], [Part(first.stats["source"], 0, len(first.train), cfg.weight)]
-    check_share("dataset.weight", parts[0])
-    corpora = [{"source": first.stats["source"], "train": len(first.train), "weight": cfg.weight,
-                "tag": cfg.tag}]
-    for k, (corpus_cfg, corpus) in enumerate(zip(cfgs[1:], cfg.mix)):
-        content, hit, _ = cached(corpus_cfg, tok_cfg, vocab)
-        train, _ = apply_length_limits(corpus_cfg, EncodedSplit(*content.train), {})
-        train, leaked = _leak_free(train, [first.valid, first.test], vocab)
-        name = content.meta["source"]
-        if not len(train):
-            raise DataError(f"dataset.mix[{k}] ({name}) has no training pairs left once those sharing a "
-                            "sentence with the valid and test pairs are left out; check its files")
-        log.info("mixed in %s: %d training pairs, weight %g%s (%d left out: in valid or test; cache %s)",
-                 name, len(train), corpus.weight, f", tag {corpus.tag!r}" if corpus.tag else "", leaked,
-                 "hit" if hit else "miss")
-        start = parts[-1].stop
+    languages = cfg.target_languages()
+    vocab = vocab or mixture_vocab(cfgs, tok_cfg, languages if len(languages) > 1 else [])
+    own, trains = _encode_corpora(cfgs, tok_cfg, run_dir, vocab)
+    held_out = [part for data in own.values() for part in (data.valid, data.test)]
+    splits, parts, corpora = [], [], []
+    for k, ((train, name, hit), corpus_cfg) in enumerate(zip(trains, cfgs)):
+        key, leaked = f"dataset.mix[{k - 1}]" if k else "dataset", 0
+        if k or len(own) > 1:  # the first corpus's own split is leak-free already
+            train, leaked = _leak_free(train, held_out, vocab)
+            if not len(train):
+                raise DataError(f"{key} ({name}) has no training pairs left once those sharing a sentence "
+                                "with the valid and test pairs are left out; check its files")
+        if k:
+            tag = f", tag {corpus_cfg.tag!r}" if corpus_cfg.tag else ""
+            log.info("mixed in %s: %d training pairs, weight %g%s (%d left out: in valid or test; cache %s)",
+                     name, len(train), corpus_cfg.weight, tag, leaked, "hit" if hit else "miss")
+        start = parts[-1].stop if parts else 0
         splits.append(train)
-        parts.append(Part(name, start, start + len(train), corpus.weight))
-        check_share(f"dataset.mix[{k}].weight", parts[-1])
-        corpora.append({"source": name, "train": len(train), "weight": corpus.weight, "tag": corpus.tag,
-                        "left_out_as_held_out": leaked})
+        parts.append(Part(name, start, start + len(train), corpus_cfg.weight))
+        check_share(f"{key}.weight", parts[-1])
+        corpora.append({"source": name, "train": len(train), "weight": corpus_cfg.weight,
+                        "tag": corpus_cfg.tag, "tgt_lang": corpus_cfg.tgt_lang,
+                        **({"left_out_as_held_out": leaked} if k else {})})
     joint = EncodedSplit(Ragged.concat([s.src_ids for s in splits]),
                          Ragged.concat([s.tgt_ids for s in splits]))
+    first = own[cfg.tgt_lang]
     summary = {**first.summary, "mixture": corpora}
+    directions = {lang: (data.valid, data.test) for lang, data in own.items()} if len(own) > 1 else {}
     if run_dir is not None:
         write_summary(run_dir, summary)
+        if directions:
+            write_split_files(run_dir, {lang: Path(data.stats["cache_dir"]) for lang, data in own.items()})
     return dataclasses.replace(first, train=joint, stats={**first.stats, "train_kept": len(joint),
                                                           "mixture": corpora},
-                               summary=summary, mixture=Mixture(tuple(parts), cfg.split_seed))
+                               summary=summary, mixture=Mixture(tuple(parts), cfg.split_seed),
+                               directions=directions)
 
 
 def prepare_data(cfg: DatasetConfig, tok_cfg: TokenizerConfig, run_dir: Path | None = None,
                  vocab: Vocabulary | None = None) -> PreparedData:
     """The data side of a run: its corpus (encode.prepare_corpus), or its corpora (prepare_mixture)."""
     cfg.check()
-    return (prepare_mixture if cfg.mix else prepare_corpus)(cfg, tok_cfg, run_dir, vocab)
+    if vocab is not None:
+        token_languages(cfg, vocab)  # before any work: a given tokenizer must have the run's languages
+    data = (prepare_mixture if cfg.mix else prepare_corpus)(cfg, tok_cfg, run_dir, vocab)
+    return add_tokens(data, cfg)

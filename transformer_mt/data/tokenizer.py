@@ -15,12 +15,15 @@ Four kinds, all built on HF `tokenizers` with fixed special-token ids (<pad>=0, 
   (only characters never seen in training become <unk>).
 
 Special-token strings typed by a user (e.g. "<eos>") are encoded as ordinary text, never as the
-special ids, so input text cannot end a sequence early.
+special ids, so input text cannot end a sequence early. A model of several target languages has one
+more special token per language, `<2fr>`, `<2de>`, ... (ids 4, 5, ...): put before a source, it says
+which language to translate into (Johnson et al., 2017); typed, it is text too.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +38,8 @@ SPECIAL_TOKENS: list[str] = list(rules.SPECIAL_TOKENS)
 _, BOS, EOS, UNK = SPECIAL_TOKENS  # <pad> is only ever used by its id
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(len(SPECIAL_TOKENS))
 SPACE_MARK = "▁"  # U+2581, how word-initial spaces are shown (and stored, for wordlevel)
+
+_LANGUAGE_TOKEN = re.compile(f"<2({rules.LANGUAGE_CODE.pattern})>")
 
 JOINT_FILE = "tokenizer.json"
 SRC_FILE = "tokenizer_src.json"
@@ -91,30 +96,36 @@ def _new_tokenizer(kind: str, lowercase: bool) -> Tokenizer:
     return tok
 
 
-def _trainer(cfg: TokenizerConfig) -> trainers.Trainer:
-    """The trainer for cfg.kind; special tokens first so they get ids 0..3."""
+def language_token(lang: str) -> str:
+    """The token that asks for a translation into `lang`."""
+    return f"<2{lang}>"
+
+
+def _trainer(cfg: TokenizerConfig, special: list[str]) -> trainers.Trainer:
+    """The trainer for cfg.kind; special tokens first so they get ids 0, 1, ..."""
     if cfg.kind == "bpe":
         return trainers.BpeTrainer(
             vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency, show_progress=False,
-            special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         )
     if cfg.kind == "unigram":
-        return trainers.UnigramTrainer(vocab_size=cfg.vocab_size, special_tokens=SPECIAL_TOKENS,
+        return trainers.UnigramTrainer(vocab_size=cfg.vocab_size, special_tokens=special,
                                        unk_token=UNK, show_progress=False)
     return trainers.WordLevelTrainer(
         vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency, show_progress=False,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special,
     )
 
 
-def _train_one(cfg: TokenizerConfig, texts: Iterable[str]) -> Tokenizer:
-    """Train one tokenizer of cfg.kind on texts."""
+def _train_one(cfg: TokenizerConfig, texts: Iterable[str], languages: Sequence[str] = ()) -> Tokenizer:
+    """Train one tokenizer of cfg.kind on texts, with a token for each target language."""
     tok = _new_tokenizer(cfg.kind, cfg.lowercase)
-    tok.train_from_iterator(texts, trainer=_trainer(cfg))
+    special = SPECIAL_TOKENS + [language_token(lang) for lang in languages]
+    tok.train_from_iterator(texts, trainer=_trainer(cfg, special))
     # Trained unigram scores print with more digits than they read back with: one trip through JSON
     # makes to_json() a fixed point (checkpoints compare vocabularies by it, e.g. in ensembles).
     tok = _load_str(tok.to_str())
-    for want, token in enumerate(SPECIAL_TOKENS):
+    for want, token in enumerate(special):
         if tok.token_to_id(token) != want:  # a tokenizers change would silently shift every id
             raise RuntimeError(f"special token {token} got id {tok.token_to_id(token)}, not {want}")
     return tok
@@ -147,6 +158,21 @@ class Vocabulary:
     def joint(self) -> bool:
         """True when both sides share one tokenizer."""
         return self.src is self.tgt
+
+    @property
+    def target_languages(self) -> tuple[str, ...]:
+        """The languages this vocabulary's source tokens can ask for (none: a model of one target)."""
+        added = sorted(self.src.get_added_tokens_decoder().items())
+        return tuple(m.group(1) for _, token in added if (m := _LANGUAGE_TOKEN.fullmatch(token.content)))
+
+    def language_id(self, lang: str) -> int:
+        """The id of `lang`'s token; ConfigError naming the languages there are if it has none."""
+        token_id = self.src.token_to_id(language_token(lang)) if lang in self.target_languages else None
+        if token_id is None:
+            there = ", ".join(self.target_languages) or "none: this model has one target language"
+            raise ConfigError(f"tgt_lang={lang!r}: this model has no {language_token(lang)} token "
+                              f"(its target languages: {there})")
+        return token_id
 
     @property
     def src_vocab_size(self) -> int:
@@ -190,7 +216,7 @@ class Vocabulary:
             piece = tok.id_to_token(int(i))
             if piece is None:
                 out.append(UNK)
-            elif int(i) < len(SPECIAL_TOKENS):
+            elif int(i) < len(SPECIAL_TOKENS) or _LANGUAGE_TOKEN.fullmatch(piece):
                 out.append(piece)
             elif self.kind == "unigram":  # already text; the decoder would drop a first piece's "▁"
                 out.append(piece)
@@ -250,12 +276,13 @@ def _decode(tok: Tokenizer, ids: Sequence[Sequence[int]]) -> list[str]:
     return tok.decode_batch([[int(i) for i in seq] for seq in ids], skip_special_tokens=True)
 
 
-def train_tokenizers(cfg: TokenizerConfig, src_texts: Sequence[str],
-                     tgt_texts: Sequence[str]) -> Vocabulary:
-    """Train the vocabulary on the training split (one tokenizer on both sides when joint)."""
+def train_tokenizers(cfg: TokenizerConfig, src_texts: Sequence[str], tgt_texts: Sequence[str],
+                     languages: Sequence[str] = ()) -> Vocabulary:
+    """Train the vocabulary on the training split (one tokenizer on both sides when joint); with
+    several target `languages`, the source side has a token for each."""
     cfg.check()
     if cfg.joint:
-        src = tgt = _train_one(cfg, [*src_texts, *tgt_texts])
+        src = tgt = _train_one(cfg, [*src_texts, *tgt_texts], languages)
     else:
-        src, tgt = _train_one(cfg, src_texts), _train_one(cfg, tgt_texts)
+        src, tgt = _train_one(cfg, src_texts, languages), _train_one(cfg, tgt_texts)
     return Vocabulary(src=src, tgt=tgt, kind=cfg.kind)

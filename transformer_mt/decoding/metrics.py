@@ -53,6 +53,15 @@ def score(hypotheses: list[str], references: list[str]) -> Scores:
     )
 
 
+def mean_scores(scores: list[Scores]) -> Scores:
+    """The mean of several sets' scores (the directions of a model of several target languages): each
+    metric averaged, the sentences summed, the signatures the first's."""
+    mean = {name: sum(getattr(s, name) for s in scores) / len(scores)
+            for name in ("bleu", "chrf", "cer", "wer")}
+    return Scores(**mean, bleu_signature=scores[0].bleu_signature, chrf_signature=scores[0].chrf_signature,
+                  n=sum(s.n for s in scores))
+
+
 def case_blind(hypotheses: list[str], references: list[str]) -> tuple[float, float]:
     """BLEU and chrF of the lowercased text (sacrebleu's `lowercase`): what the robustness report scores."""
     bleu = sacrebleu.metrics.BLEU(lowercase=True).corpus_score(hypotheses, [references])

@@ -96,8 +96,10 @@ class Trainer:
         self.session_tokens, self.session_start_seconds = 0, self.clock.seconds  # for result.json
         # A resumed run redoes the steps after its checkpoint: their old events are purged.
         self.records = RunRecords(run_dir, self.world.is_main, self.step + 1 if self.step else None)
-        self.validate = Validator(ema.validated(self.ema, self.model), self.vocab, self.data.valid, cfg,
-                                  self.device, self.amp, self.records)
+        directions = {lang: valid for lang, (valid, _) in self.data.directions.items()}
+        self.validate = Validator(ema.validated(self.ema, self.model), self.vocab,
+                                  directions or {cfg.dataset.tgt_lang: self.data.valid}, cfg, self.device,
+                                  self.amp, self.records)
         log.info("run directory: %s", run_dir)
         log.info("device %s (%s), %d threads%s; model %.2fM parameters; %s", self.device,
                  self.precision, torch.get_num_threads(),

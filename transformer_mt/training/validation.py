@@ -23,7 +23,7 @@ from transformer_mt.checkpoints import store as ckpt
 from transformer_mt.config import DecodingConfig, TrainConfig
 from transformer_mt.data import EncodedSplit, TokenBatchSampler
 from transformer_mt.data.tokenizer import Vocabulary
-from transformer_mt.decoding.metrics import Scores, improves, score
+from transformer_mt.decoding.metrics import Scores, improves, mean_scores, score
 from transformer_mt.decoding.search import alignment
 from transformer_mt.decoding.translator import decode_ids
 from transformer_mt.model import Transformer
@@ -65,10 +65,13 @@ def validation_loss(model: Transformer, split: EncodedSplit, batch_tokens: int, 
 
 
 class Validator:
-    """Validates one run's model on its valid split and records the result."""
+    """Validates one run's model on its valid split, or on each target language's (data/languages.py),
+    and records the result: with several, each direction's scores and their mean, which the best
+    checkpoint follows."""
 
-    def __init__(self, model: Transformer, vocab: Vocabulary, valid: EncodedSplit, cfg: TrainConfig,
-                 device: torch.device, amp: torch.dtype | None, records: RunRecords) -> None:
+    def __init__(self, model: Transformer, vocab: Vocabulary, valid: dict[str, EncodedSplit],
+                 cfg: TrainConfig, device: torch.device, amp: torch.dtype | None,
+                 records: RunRecords) -> None:
         self.model, self.vocab, self.valid = model, vocab, valid
         self.training, self.records = cfg.training, records
         self.device, self.amp = device, amp
@@ -78,30 +81,46 @@ class Validator:
     def __call__(self, step: int, epoch: int, train_minutes: float, label: str = "") -> Validation:
         """Validate the model as it is now; `label` names a variant (e.g. "averaged"), whose scalars go
         to `valid_<label>/` and which leaves the step's attention image alone."""
-        t, valid = self.training, self.valid
         started = time.perf_counter()
-        n = min(t.valid_max_sentences, len(valid))
-        sample = valid.subset(range(n))  # one sample for the loss and the scores
-        loss = validation_loss(self.model, sample, t.batch_tokens, self.device, self.amp)
-        hyps = decode_ids(self.model, sample.src_ids, self.decoding, self.device, amp=self.decode_amp)
-        texts = self.vocab.decode_tgt([h[0].tokens for h in hyps])
-        result = Validation(score(texts, sample.tgt_text), loss)
+        directions = {lang: self._direction(split) for lang, split in self.valid.items()}
+        results = [result for result, _ in directions.values()]
+        result = results[0] if len(results) == 1 else Validation(
+            mean_scores([r.scores for r in results]), sum(r.loss for r in results) / len(results))
         tag = f"valid_{label}" if label else "valid"
         if not label:
             self.records.attention(self._attention(), step)
-        shown = range(min(t.num_samples, n))
-        samples = "\n\n".join(f"    {valid.src_text[i]}\n    → {texts[i]}\n    ({valid.tgt_text[i]})"
-                              for i in shown)
-        s = result.scores
-        record = {"epoch": epoch, "step": step, "valid_loss": loss, "train_minutes": train_minutes,
-                  **s.as_dict(), **({"model": label} if label else {})}
-        self.records.validation(tag, step, loss, s, samples, record)
-        log.info("epoch %d %s: loss %.3f, BLEU %.2f, chrF %.2f, CER %.3f, WER %.3f (%d sentences, %.1fs)",
-                 epoch, tag.replace("_", " "), loss, s.bleu, s.chrf, s.cer, s.wer, n,
-                 time.perf_counter() - started)
-        for i in shown:
-            log.info("  %s → %s", valid.src_text[i], texts[i])
+        each = {f"{metric}_{lang}": getattr(r.scores, metric) for lang, (r, _) in directions.items()
+                for metric in ("bleu", "chrf")} if len(directions) > 1 else {}
+        s, samples = result.scores, self._samples({lang: texts for lang, (_, texts) in directions.items()})
+        record = {"epoch": epoch, "step": step, "valid_loss": result.loss, "train_minutes": train_minutes,
+                  **s.as_dict(), **each, **({"model": label} if label else {})}
+        shown = "\n\n".join(f"    {source}\n    → {text}\n    ({ref})" for source, text, ref in samples)
+        self.records.validation(tag, step, result.loss, s, shown, record)
+        if each:
+            self.records.scalars(tag, each, step)
+        by_direction = "".join(f"; {lang}: BLEU {r.scores.bleu:.2f}, chrF {r.scores.chrf:.2f}"
+                               for lang, (r, _) in directions.items()) if each else ""
+        log.info("epoch %d %s: loss %.3f, BLEU %.2f, chrF %.2f, CER %.3f, WER %.3f (%d sentences, %.1fs)%s",
+                 epoch, tag.replace("_", " "), result.loss, s.bleu, s.chrf, s.cer, s.wer, s.n,
+                 time.perf_counter() - started, by_direction)
+        for source, text, _ in samples:
+            log.info("  %s → %s", source, text)
         return result
+
+    def _samples(self, translations: dict[str, list[str]]) -> list[tuple[str, str, str]]:
+        """(source, translation, reference) of the first `training.num_samples` of each direction."""
+        return [(split.src_text[i], texts[i], split.tgt_text[i])
+                for split, texts in zip(self.valid.values(), translations.values())
+                for i in range(min(self.training.num_samples, len(texts)))]
+
+    def _direction(self, valid: EncodedSplit) -> tuple[Validation, list[str]]:
+        """The loss and scores of one direction's sample (its first valid_max_sentences pairs), and the
+        sample's translations."""
+        sample = valid.subset(range(min(self.training.valid_max_sentences, len(valid))))
+        loss = validation_loss(self.model, sample, self.training.batch_tokens, self.device, self.amp)
+        hyps = decode_ids(self.model, sample.src_ids, self.decoding, self.device, amp=self.decode_amp)
+        texts = self.vocab.decode_tgt([h[0].tokens for h in hyps])
+        return Validation(score(texts, sample.tgt_text), loss), texts
 
     def average(self, paths: list[Path], step: int, epoch: int, train_minutes: float,
                 metric: str) -> tuple[dict[str, Any], float]:
@@ -141,6 +160,7 @@ class Validator:
     def _attention(self) -> torch.Tensor:
         """The first validation sentence's greedy cross-attention (output rows × source columns)."""
         greedy = dataclasses.replace(self.decoding, beam_size=1)
-        hyp = decode_ids(self.model, [self.valid.src_ids[0]], greedy, self.device, return_attention=True,
+        first = next(iter(self.valid.values()))
+        hyp = decode_ids(self.model, [first.src_ids[0]], greedy, self.device, return_attention=True,
                          amp=self.decode_amp)[0][0]
         return alignment(hyp.attention) if hyp.attention is not None else torch.empty(0)
