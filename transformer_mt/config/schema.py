@@ -314,6 +314,7 @@ class EvaluateConfig:
     tsv_file: str | None = None  # ... or one TSV (source<TAB>reference)
     max_sentences: int | None = None
     output_dir: str | None = None  # null: <run dir>/eval
+    tgt_lang: str | None = None  # a model of several target languages: which (null: its first)
     robustness: bool = False  # also score the set as people type it: ALL CAPS, lowercase, typos, ...
     seed: int = 1  # the robustness report draws its typos from it
     traceback: bool = False
@@ -327,6 +328,7 @@ class EngineConfig:
     device: DeviceConfig = field(default_factory=DeviceConfig)
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
     max_input_tokens: int | None = None  # null: the model's positional limit
+    tgt_lang: str | None = None  # a model of several target languages: which (null: its first)
     seed: int = 1
     traceback: bool = False
     engine: str = "pytorch"  # pytorch | ctranslate2 (an `export`ed model_dir; the ct2 extra)

@@ -325,7 +325,7 @@ class CT2Translator(TextTranslator):
 
     def translate_nbest(self, sentences: list[str], return_attention: bool = False,
                         prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
-                        **options: Any) -> list[list[Translation]]:
+                        tgt_lang: str | None = None, **options: Any) -> list[list[Translation]]:
         """n-best translations per sentence (best first); empty input gives one empty translation.
         CTranslate2 decodes a batch in one call: should_stop is asked once, before it."""
         decoding = self._options(**options)
@@ -333,7 +333,7 @@ class CT2Translator(TextTranslator):
             raise ConfigError("prefix decoding runs on engine=pytorch; drop decoding.prefix or the prefixes")
         if decoding.alignment:
             raise ConfigError("word alignments run on engine=pytorch; drop decoding.alignment")
-        ids = self.encode(sentences)
+        ids = self.encode(sentences, tgt_lang)
         results: list[list[Translation]] = [[Translation("", 0.0)] for _ in sentences]
         # Source tokens as the encoder sees them (for attention widths and re-scoring).
         sources = {i: [self._src_itos[t] for t in ids[i]] + [EOS]

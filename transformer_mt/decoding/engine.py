@@ -22,12 +22,16 @@ def load_engine(cfg: EngineConfig) -> TextTranslator:
         )
 
         assert cfg.model_dir is not None  # validate() requires it
-        return CT2Translator.from_dir(cfg.model_dir, device=cfg.device.name,
-                                      intra_threads=cfg.device.num_threads or 0, decoding=cfg.decoding,
-                                      max_input_tokens=cfg.max_input_tokens, exact=cfg.ct2_exact)
+        exported = CT2Translator.from_dir(cfg.model_dir, device=cfg.device.name,
+                                          intra_threads=cfg.device.num_threads or 0, decoding=cfg.decoding,
+                                          max_input_tokens=cfg.max_input_tokens, exact=cfg.ct2_exact)
+        exported.language_id(cfg.tgt_lang)  # a language the model lacks: one line now
+        exported.tgt_lang = cfg.tgt_lang
+        return exported
     assert cfg.checkpoint is not None  # validate() requires it
     engine = Translator.from_checkpoint(cfg.checkpoint, device=select_device(cfg.device),
                                         decoding=cfg.decoding, max_input_tokens=cfg.max_input_tokens,
-                                        amp=cfg.device.amp)
-    log.info("translating on %s (%s)", engine.device, engine.precision)
+                                        amp=cfg.device.amp, tgt_lang=cfg.tgt_lang)
+    log.info("translating on %s (%s)%s", engine.device, engine.precision,
+             f" into {engine.tgt_lang}" if engine.vocab.target_languages else "")
     return engine

@@ -5,6 +5,8 @@
     >>> engine.predict("He is sleeping.")
     'Il dort.'
     >>> engine.translate(["I am cold.", "Where is the station?"], beam_size=5)
+    >>> engine.translate("I am cold.", tgt_lang="de")  # a model of several target languages
+
 
 `decode_ids` decodes token ids in length-sorted batches and returns hypotheses in input order; which
 search runs (greedy, beam, sampling) is decided by a `DecodingConfig`. Validation during training,
@@ -117,11 +119,14 @@ class Unfit:
 class TextTranslator:
     """What every engine offers on top of its own `translate_nbest`: strings in, strings out.
 
-    Subclasses set `vocab` and `decoding`, and call `limit_inputs`.
+    Subclasses set `vocab`, `decoding` and `tgt_lang`, and call `limit_inputs`. A model of several target
+    languages translates into `tgt_lang` unless a call names another (data/languages.py); `tgt_lang` is
+    its first language by default, and the one language of any other model, when known.
     """
 
     vocab: Vocabulary
     decoding: DecodingConfig
+    tgt_lang: str | None = None
     max_input_tokens: int
     max_prefix_tokens: int
     max_positions: int
@@ -135,13 +140,15 @@ class TextTranslator:
         self.max_positions = max_positions
         self.truncated = 0
 
-    def unfit_inputs(self, texts: Sequence[str], prefixes: Sequence[str] | None = None) -> list[Unfit]:
+    def unfit_inputs(self, texts: Sequence[str], prefixes: Sequence[str] | None = None,
+                     tgt_lang: str | None = None) -> list[Unfit]:
         """Every text or prefix this engine cannot translate as it is, encoded as `translate_nbest` encodes
         it: text that is not valid Unicode (a lone UTF-16 surrogate, which the tokenizer rejects), or more
         tokens than the model has positions for (texts: max_input_tokens, which `encode` would cut them to;
         prefixes: max_prefix_tokens)."""
         found: list[Unfit] = []
-        sides = (("text", [t.strip() for t in texts], self.vocab.encode_src, self.max_input_tokens),
+        text_limit = self.max_input_tokens - (self.language_id(tgt_lang) is not None)  # its language token
+        sides = (("text", [t.strip() for t in texts], self.vocab.encode_src, text_limit),
                  ("prefix", list(prefixes or []), self.vocab.encode_tgt, self.max_prefix_tokens))
         for side, items, encode, limit in sides:
             valid = []
@@ -161,10 +168,11 @@ class TextTranslator:
 
     def translate_nbest(self, sentences: list[str], return_attention: bool = False,
                         prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
-                        **options: Any) -> list[list[Translation]]:
+                        tgt_lang: str | None = None, **options: Any) -> list[list[Translation]]:
         """n-best translations per sentence (best first); with prefixes, each translation starts with
-        its sentence's prefix (decoding.prefix gives one to all). should_stop, asked as decoding goes
-        (once per step where the engine can), ends it early with `DecodingStopped` when it says True."""
+        its sentence's prefix (decoding.prefix gives one to all); into `tgt_lang` (None: the engine's).
+        should_stop, asked as decoding goes (once per step where the engine can), ends it early with
+        `DecodingStopped` when it says True."""
         raise NotImplementedError
 
     def prefix_ids(self, sentences: list[str], prefixes: list[str] | None,
@@ -184,26 +192,41 @@ class TextTranslator:
         decoding.check()
         return decoding
 
-    def encode(self, sentences: list[str]) -> list[list[int]]:
-        """Token ids of each source, cut to the model's length limit (counted in `truncated`)."""
+    def language_id(self, tgt_lang: str | None = None) -> int | None:
+        """The id of the token that asks for `tgt_lang` (None: the engine's), or None for a model of one
+        target language; ConfigError naming the languages there are for one the model lacks."""
+        lang = tgt_lang or self.tgt_lang
+        if self.vocab.target_languages:
+            return self.vocab.language_id(lang or self.vocab.target_languages[0])
+        if tgt_lang and self.tgt_lang and tgt_lang != self.tgt_lang:
+            raise ConfigError(f"tgt_lang={tgt_lang!r}: this model translates into {self.tgt_lang} only")
+        return None
+
+    def encode(self, sentences: list[str], tgt_lang: str | None = None) -> list[list[int]]:
+        """Token ids of each source, led by its target language's token in a model of several, cut to
+        the model's length limit (counted in `truncated`)."""
+        token = self.language_id(tgt_lang)
+        lead = [] if token is None else [token]
+        limit = self.max_input_tokens - len(lead)
         ids = self.vocab.encode_src([s.strip() for s in sentences])
         for i, seq in enumerate(ids):
-            if len(seq) > self.max_input_tokens:
-                ids[i] = seq[: self.max_input_tokens]
+            if len(seq) > limit:
+                ids[i] = seq[:limit]
                 self.truncated += 1
                 log.warning("input %d has %d tokens; translating its first %d (the model's limit)",
-                            i + 1, len(seq), self.max_input_tokens)
-        return ids
+                            i + 1, len(seq), limit)
+        return [lead + seq for seq in ids]
 
     def translate(self, sentences: str | list[str], beam_size: int | None = None,
-                  prefixes: str | list[str] | None = None, **options: Any) -> str | list[str]:
+                  prefixes: str | list[str] | None = None, tgt_lang: str | None = None,
+                  **options: Any) -> str | list[str]:
         """Best translation of one sentence (a string) or of each sentence of a list (with a prefix
-        each: a string, or a list)."""
+        each: a string, or a list), into `tgt_lang` (a model of several target languages)."""
         single = isinstance(sentences, str)
         batch = [sentences] if single else list(sentences)
         starts = [prefixes] if isinstance(prefixes, str) else prefixes
         best = [nbest[0].text for nbest in self.translate_nbest(batch, beam_size=beam_size, prefixes=starts,
-                                                                **options)]
+                                                                tgt_lang=tgt_lang, **options)]
         return best[0] if single else best
 
     def predict(self, sentence: str) -> str:
@@ -216,9 +239,11 @@ class Translator(TextTranslator):
 
     def __init__(self, model: Transformer, vocab: Vocabulary, device: torch.device,
                  decoding: DecodingConfig | None = None, max_input_tokens: int | None = None,
-                 info: dict[str, Any] | None = None, precision: Precision | None = None):
+                 info: dict[str, Any] | None = None, precision: Precision | None = None,
+                 tgt_lang: str | None = None):
         self.model = model.to(device).eval()
         self.vocab = vocab
+        self.tgt_lang = tgt_lang
         self.device = device
         self.precision = precision or Precision(None, "float32")
         self.decoding = decoding or DecodingConfig()
@@ -228,10 +253,10 @@ class Translator(TextTranslator):
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | torch.device = "auto",
                         decoding: DecodingConfig | None = None, max_input_tokens: int | None = None,
-                        amp: str = "auto") -> Translator:
+                        amp: str = "auto", tgt_lang: str | None = None) -> Translator:
         """Rebuild model and tokenizer from a checkpoint file or run directory (its best checkpoint);
         several, comma-separated, decode as an ensemble. `amp` as device.amp (auto: bf16 on a CPU with
-        native bf16)."""
+        native bf16); `tgt_lang` the language to translate into (None: the run's dataset.tgt_lang)."""
         loaded = [model_from_checkpoint(p) for p in str(path).split(",") if p.strip()]
         if not loaded:
             raise ConfigError(f"checkpoint={path} names no checkpoint")
@@ -247,15 +272,19 @@ class Translator(TextTranslator):
             model = Ensemble([m for _, _, m, _ in loaded])
             info["ensemble"] = [str(f) for f, _, _, _ in loaded]
         chosen = precision(DeviceConfig(name=target.type, amp=amp), target, training=False)
-        return cls(model, vocab, target, decoding, max_input_tokens, info, chosen)
+        engine = cls(model, vocab, target, decoding, max_input_tokens, info, chosen,
+                     info["config"].get("dataset", {}).get("tgt_lang"))
+        engine.language_id(tgt_lang)  # a language the model lacks: one line now, not at the first sentence
+        engine.tgt_lang = tgt_lang or engine.tgt_lang
+        return engine
 
     def translate_nbest(self, sentences: list[str], return_attention: bool = False,
                         prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
-                        **options: Any) -> list[list[Translation]]:
+                        tgt_lang: str | None = None, **options: Any) -> list[list[Translation]]:
         """n-best translations per sentence (best first); empty input gives one translation: its prefix
         (so every output starts with its prefix), else the empty string."""
         decoding = self._options(**options)
-        ids = self.encode(sentences)
+        ids = self.encode(sentences, tgt_lang)
         forced = self.prefix_ids(sentences, prefixes, decoding)
         real = [i for i, s in enumerate(sentences) if s.strip()]
         results: list[list[Translation]] = [[Translation("", 0.0)] for _ in sentences]
@@ -277,13 +306,15 @@ class Translator(TextTranslator):
             ]
         if decoding.alignment:
             outputs = {i: [h.tokens for h in nbest] for i, nbest in zip(real, hyps)}
-            self._align(sentences, ids, results, outputs, decoding)
+            lead = int(self.language_id(tgt_lang) is not None)
+            self._align(sentences, ids, results, outputs, decoding, lead)
         return results
 
     def _align(self, sentences: list[str], ids: list[list[int]], results: list[list[Translation]],
-               outputs: dict[int, list[list[int]]], decoding: DecodingConfig) -> None:
+               outputs: dict[int, list[list[int]]], decoding: DecodingConfig, lead: int) -> None:
         """Set each translation's word alignment from one forced-decoding pass over it (whatever search
-        produced it); an empty source has no words, and its translation (its prefix) no links."""
+        produced it); an empty source has no words, and its translation (its prefix) no links. `lead`:
+        the sources' language token, no word of theirs."""
         layers = self.model.config.decoder_layers
         if not -layers <= decoding.alignment_layer < layers:
             raise ConfigError(f"decoding.alignment_layer={decoding.alignment_layer} is out of range; this "
@@ -297,18 +328,20 @@ class Translator(TextTranslator):
                                      decoding.batch_tokens_on(self.device), decoding.alignment_layer,
                                      self.precision.dtype)
         for (i, k), weights in zip(pairs, attention, strict=True):
-            src = source_words(self.vocab.src, sentences[i].strip(), len(ids[i]))
+            src = [None] * lead + source_words(self.vocab.src, sentences[i].strip(), len(ids[i]) - lead)
             tgt = target_words(self.vocab.tgt, outputs[i][k])
             results[i][k].alignment = word_alignment(weights, src, tgt)
 
-    def score(self, sources: list[str], targets: list[str],
-              batch_tokens: int | None = None) -> list[PairScore]:
+    def score(self, sources: list[str], targets: list[str], batch_tokens: int | None = None,
+              tgt_lang: str | None = None) -> list[PairScore]:
         """The model's log-probability of each target given its source (teacher forcing, as in training;
-        tokens: the target's pieces and its <eos>); DataError naming the first pair too long for the
-        model (1-based)."""
+        tokens: the target's pieces and its <eos>), the targets in `tgt_lang` (a model of several);
+        DataError naming the first pair too long for the model (1-based)."""
         if len(sources) != len(targets):
             raise ConfigError(f"{len(sources)} sources but {len(targets)} targets; give one target each")
-        src_ids = self.vocab.encode_src([s.strip() for s in sources])
+        token = self.language_id(tgt_lang)
+        src_ids = [([] if token is None else [token]) + ids
+                   for ids in self.vocab.encode_src([s.strip() for s in sources])]
         tgt_ids = self.vocab.encode_tgt([t.strip() for t in targets])
         limit = self.model.config.max_positions - 1  # the encoder's <eos>, the decoder's <bos>
         for number, (s, t) in enumerate(zip(src_ids, tgt_ids), start=1):

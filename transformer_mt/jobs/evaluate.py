@@ -16,7 +16,7 @@ from typing import Any
 
 from transformer_mt.config import DatasetConfig, EvaluateConfig
 from transformer_mt.data import LINE_ENDS, held_out_pairs, load_split_tsv, read_lines
-from transformer_mt.data.split import SPLIT_DIR
+from transformer_mt.data.languages import split_file
 from transformer_mt.decoding import robustness
 from transformer_mt.decoding.metrics import Scores, score
 from transformer_mt.decoding.translator import Translator
@@ -27,9 +27,10 @@ from transformer_mt.runtime.files import atomic_write
 log = logging.getLogger(__name__)
 
 
-def load_eval_set(cfg: EvaluateConfig, run_dir: Path,
-                  run_config: dict[str, Any]) -> tuple[list[str], list[str], str]:
-    """(sources, references, name) from the options, or the checkpoint run's own split."""
+def load_eval_set(cfg: EvaluateConfig, run_dir: Path, run_config: dict[str, Any],
+                  lang: str | None = None) -> tuple[list[str], list[str], str]:
+    """(sources, references, name) from the options, or the checkpoint run's own split (with several
+    target languages, `lang`'s: split/test.<lang>.tsv)."""
     if cfg.tsv_file:
         src, ref = load_split_tsv(Path(cfg.tsv_file))
         return src, ref, Path(cfg.tsv_file).stem
@@ -41,10 +42,12 @@ def load_eval_set(cfg: EvaluateConfig, run_dir: Path,
             raise DataError(f"{cfg.src_file} has {len(src)} lines but {cfg.ref_file} has {len(ref)} "
                             f"({LINE_ENDS})")
         return src, ref, Path(cfg.src_file).stem
-    saved = run_dir / SPLIT_DIR / f"{cfg.split}.tsv"
+    saved, name = split_file(run_dir, cfg.split, lang), f"{cfg.split}.{lang}" if lang else cfg.split
     if saved.is_file():
         src, ref = load_split_tsv(saved)
-        return src, ref, cfg.split
+        return src, ref, name
+    if lang:
+        raise DataError(f"{saved} is missing: the run's {name} pairs are kept only there")
     log.info("%s not found; rebuilding the run's %s split from its config", saved, cfg.split)
     pairs = held_out_pairs(DatasetConfig(**run_config["dataset"]), cfg.split)
     return [s for s, _ in pairs], [t for _, t in pairs], cfg.split
@@ -55,9 +58,10 @@ def evaluate(cfg: EvaluateConfig) -> float:
     assert cfg.checkpoint is not None  # validate() requires it
     configure_threads(cfg.device)
     engine = Translator.from_checkpoint(cfg.checkpoint, device=select_device(cfg.device),
-                                        decoding=cfg.decoding, amp=cfg.device.amp)
+                                        decoding=cfg.decoding, amp=cfg.device.amp, tgt_lang=cfg.tgt_lang)
     checkpoint = Path(engine.info["checkpoint"])
-    sources, references, name = load_eval_set(cfg, checkpoint.parent, engine.info["config"])
+    lang = engine.tgt_lang if engine.vocab.target_languages else None
+    sources, references, name = load_eval_set(cfg, checkpoint.parent, engine.info["config"], lang)
     if cfg.max_sentences is not None:
         sources, references = sources[: cfg.max_sentences], references[: cfg.max_sentences]
     if not sources:

@@ -60,6 +60,8 @@ class TranslateRequest(BaseModel):
                                    "target word indices) of each best translation; default: the server's")
     prefix: list[str] | str | None = Field(None, description="forced start of each translation (prefix "
                                            "decoding): one per text, \"\" for none; default: the server's")
+    tgt_lang: str | None = Field(None, description="the language to translate into, for a model of several "
+                                 "(GET /health lists them); default: the server's")
 
 
 class ScoredText(BaseModel):
@@ -189,7 +191,8 @@ def create_app(engine: TextTranslator, cfg: ServeConfig) -> FastAPI:
         start = time.perf_counter()
         body = parse_request(await read_body(request, body_limit, cfg.limits.body_timeout_s), cfg)
         texts = [body.text] if isinstance(body.text, str) else body.text
-        search = Search(body.beam_size, body.n_best, body.attention is not False, body.alignment)
+        search = Search(body.beam_size, body.n_best, body.attention is not False, body.alignment,
+                        body.tgt_lang)
         prefixes = [body.prefix] if isinstance(body.prefix, str) else body.prefix
         await check_fit(engine, body, texts, prefixes)
         await asyncio.to_thread(check_attention_size, engine, texts, prefixes, body.attention, cfg)
@@ -270,7 +273,10 @@ async def check_fit(engine: TextTranslator, body: TranslateRequest, texts: list[
     """A 413 naming the first text or prefix with more tokens than the model's positions, or a 422 naming
     one the tokenizer cannot encode. Tokenised in a thread: a request at the limits took 0.35 s on two
     CPU cores, which on the event loop would stall every other request and /health."""
-    unfit = await asyncio.to_thread(engine.unfit_inputs, texts, prefixes)
+    try:
+        unfit = await asyncio.to_thread(engine.unfit_inputs, texts, prefixes, body.tgt_lang)
+    except UserError as ex:  # a language the model lacks
+        raise HTTPException(422, str(ex)) from None
     if not unfit:
         return
     first = unfit[0]
@@ -352,7 +358,8 @@ def describe(engine: TextTranslator, cfg: ServeConfig) -> dict[str, Any]:
         "engine": cfg.engine, "step": info.get("step"),
         "device": str(getattr(engine, "device", info.get("device"))),
         "precision": str(getattr(engine, "precision", info.get("compute_type"))),
-        "languages": {"source": dataset.get("src_lang"), "target": dataset.get("tgt_lang")},
+        "languages": {"source": dataset.get("src_lang"), "target": engine.tgt_lang or dataset.get("tgt_lang"),
+                      **({"targets": list(vocab.target_languages)} if vocab.target_languages else {})},
         "vocabulary": {"kind": vocab.kind, "joint": vocab.joint, "source_size": vocab.src_vocab_size,
                        "target_size": vocab.tgt_vocab_size},
         "decoding": {"beam_size": engine.decoding.beam_size, "n_best": engine.decoding.n_best,

@@ -47,6 +47,7 @@ class Search:
     n_best: int | None = None
     attention: bool = False
     alignment: bool | None = None  # None: the server's decoding.alignment
+    tgt_lang: str | None = None  # a model of several target languages: None, the server's
 
 
 @dataclass
@@ -242,6 +243,7 @@ class Batcher:
             return self.engine.translate_nbest(texts, return_attention=search.attention,
                                                beam_size=search.beam_size, n_best=search.n_best,
                                                alignment=search.alignment, prefixes=prefixes,
+                                               tgt_lang=search.tgt_lang,
                                                should_stop=lambda: all(job.gone() for job in jobs))
         except SHUTDOWN:
             raise
