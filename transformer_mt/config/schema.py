@@ -359,6 +359,7 @@ class ScoreConfig:
     tgt: str | None = None
     output: str | None = None  # null = stdout
     output_format: str = "tsv"  # tsv: sum<TAB>mean per pair | json: one object a line
+    tgt_lang: str | None = None  # a model of several target languages: the targets' (null: its first)
     traceback: bool = False
 
 

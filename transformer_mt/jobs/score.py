@@ -73,7 +73,8 @@ def score(cfg: ScoreConfig) -> list[PairScore]:
     sources, targets, name = read_pairs(cfg)
     configure_threads(cfg.device)
     assert cfg.checkpoint is not None  # validate() requires it
-    engine = Translator.from_checkpoint(cfg.checkpoint, device=select_device(cfg.device), amp=cfg.device.amp)
+    engine = Translator.from_checkpoint(cfg.checkpoint, device=select_device(cfg.device), amp=cfg.device.amp,
+                                        tgt_lang=cfg.tgt_lang)
     log.info("scoring %d pairs of %s on %s (%s)", len(sources), name, engine.device, engine.precision)
     try:
         scores = engine.score(sources, targets)
