@@ -112,6 +112,8 @@ class InputVariants:
 
     def __init__(self, vocab: Vocabulary, corpora: Sequence[CorpusVariants], seed: int, max_len: int) -> None:
         self.vocab, self.corpora, self.seed, self.max_len = vocab, tuple(corpora), seed, max_len
+        # a source's target-language token (data/languages.py) is kept as it is, before the varied text
+        self.language_ids = {vocab.language_id(lang) for lang in vocab.target_languages}
 
     def apply(self, split: EncodedSplit, epoch: int) -> tuple[EncodedSplit, dict[str, int]]:
         """`epoch`'s pairs, and how many pairs show each variant. A pair whose ids hold <unk> (its text
@@ -128,8 +130,12 @@ class InputVariants:
         targets = self.vocab.decode_tgt([split.tgt_ids[r].tolist() for r in rows])
         sources = [_tagged(lambda s, d=d: d.source(s, rng), s, tag) for (_, d, tag), s in zip(drawn, sources)]
         targets = [d.target(t) for (_, d, _), t in zip(drawn, targets)]
-        src_new, tgt_new = self.vocab.encode_src(sources), self.vocab.encode_tgt(targets)
-        fits = [len(s) <= self.max_len and len(t) <= self.max_len for s, t in zip(src_new, tgt_new)]
+        firsts = [int(split.src_ids[r][0]) if len(split.src_ids[r]) else -1 for r in rows]
+        leads = [[first] if first in self.language_ids else [] for first in firsts]
+        src_new = [lead + ids for lead, ids in zip(leads, self.vocab.encode_src(sources))]
+        tgt_new = self.vocab.encode_tgt(targets)
+        fits = [len(s) - len(lead) <= self.max_len and len(t) <= self.max_len
+                for s, t, lead in zip(src_new, tgt_new, leads)]
         kept = [i for i, ok in enumerate(fits) if ok]
         where = np.arange(len(split))
         where[[rows[i] for i in kept]] = len(split) + np.arange(len(kept))

@@ -42,12 +42,15 @@ def load_eval_set(cfg: EvaluateConfig, run_dir: Path, run_config: dict[str, Any]
             raise DataError(f"{cfg.src_file} has {len(src)} lines but {cfg.ref_file} has {len(ref)} "
                             f"({LINE_ENDS})")
         return src, ref, Path(cfg.src_file).stem
-    saved, name = split_file(run_dir, cfg.split, lang), f"{cfg.split}.{lang}" if lang else cfg.split
-    if saved.is_file():
-        src, ref = load_split_tsv(saved)
-        return src, ref, name
-    if lang:
-        raise DataError(f"{saved} is missing: the run's {name} pairs are kept only there")
+    own = run_config.get("dataset", {}).get("tgt_lang")
+    files = ([split_file(run_dir, cfg.split, lang)] if lang else []) + \
+        ([split_file(run_dir, cfg.split)] if lang in (None, own) else [])  # the first language's
+    for saved in files:
+        if saved.is_file():
+            src, ref = load_split_tsv(saved)
+            return src, ref, f"{cfg.split}.{lang}" if lang else cfg.split
+    if lang not in (None, own):
+        raise DataError(f"{files[0]} is missing: the run's {cfg.split} pairs into {lang} are kept only there")
     log.info("%s not found; rebuilding the run's %s split from its config", saved, cfg.split)
     pairs = held_out_pairs(DatasetConfig(**run_config["dataset"]), cfg.split)
     return [s for s, _ in pairs], [t for _, t in pairs], cfg.split
