@@ -17,6 +17,7 @@ import transformer_mt as tmt
 from tests.conftest import run_cli, smoke_overrides
 from transformer_mt.config import ConfigError, DatasetConfig, MixedCorpus, TokenizerConfig, VariantsConfig
 from transformer_mt.data import EncodedSplit, Ragged
+from transformer_mt.data.languages import prefixed
 from transformer_mt.data.mixture import Mixture, Part
 from transformer_mt.data.tokenizer import Vocabulary, train_tokenizers
 from transformer_mt.data.variants import (
@@ -172,3 +173,19 @@ def test_a_run_with_variants_logs_what_each_epoch_showed(corpus: Path, tmp_path:
         tmt.train(smoke_overrides(corpus, tmp_path / "run", **{"dataset.variants.caps": 0.2,
                                                              "dataset.variants.typos": 0.2}))
     assert re.search(r"epoch 1: input variants: \d+ pairs caps, \d+ pairs typos", caplog.text)
+
+
+def test_a_source_keeps_its_language_token(pairs: list[tuple[str, str]]) -> None:
+    """In a model of several target languages (data/languages.py) a varied source still asks for its
+    language."""
+    vocab = train_tokenizers(TokenizerConfig(kind="bpe", vocab_size=600), [p[0] for p in pairs],
+                             [p[1] for p in pairs], ["fr", "de"])
+    plain = _split(vocab, pairs[:100])
+    de = vocab.language_id("de")
+    split = EncodedSplit(prefixed(plain.src_ids, de), plain.tgt_ids)
+    caps = InputVariants(vocab, [CorpusVariants(0, 100, VariantsConfig(caps=1.0), None)], seed=1, max_len=200)
+    varied, shown = caps.apply(split, 0)
+    assert shown["caps"] > 90
+    assert all(ids[0] == de for ids in varied.src_ids.tolist())
+    sources = vocab.decode_src([ids[1:] for ids in varied.src_ids.tolist()])
+    assert sum(s == s.upper() for s in sources) >= shown["caps"]
