@@ -28,7 +28,8 @@ def validation_seconds(model_cfg: ModelConfig, data: PreparedData, decoding: Sea
                        deadline: float, sentences: int) -> float:
     """Seconds per pair of validation's sample (at most its first `sentences`): its loss and its scores,
     timed on up to LOSS_PAIRS pairs, and its decoding (sentence_seconds), of an untrained `model_cfg`
-    (random generators left as they were)."""
+    (random generators left as they were); times the directions validated, in a model of several
+    target languages (each has a sample of its own)."""
     valid = data.valid
     timed = valid.subset(range(min(LOSS_PAIRS, len(valid))))
     state = rng_state()
@@ -42,7 +43,7 @@ def validation_seconds(model_cfg: ModelConfig, data: PreparedData, decoding: Sea
         synchronize(device)
         loss_each = (time.perf_counter() - start) / max(len(timed), 1)
         decoding_each = sentence_seconds(model, data, decoding, device, decode_amp, deadline, sentences)
-        return loss_each + scoring_seconds(timed) + decoding_each
+        return (loss_each + scoring_seconds(timed) + decoding_each) * max(len(data.directions), 1)
     finally:
         set_rng_state(state)
 
