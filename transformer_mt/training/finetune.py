@@ -113,7 +113,9 @@ def check_config(cfg: TrainConfig, state: dict[str, Any]) -> None:
                 for p in _contradictions(section, dataclasses.asdict(getattr(cfg, section)), parent)]
     saved = state["config"]["dataset"]
     pair, parent_pair = (cfg.dataset.src_lang, cfg.dataset.tgt_lang), (saved["src_lang"], saved["tgt_lang"])
-    if pair != parent_pair:
+    # a parent of several target languages (data/languages.py) may be fine-tuned into any of them
+    targets = [saved["tgt_lang"], *(corpus.get("tgt_lang") for corpus in saved.get("mix") or ())]
+    if pair[0] != parent_pair[0] or pair[1] not in targets:
         problems.append(f"dataset.src_lang/tgt_lang {'->'.join(pair)} differs from the parent's "
                         f"{'->'.join(parent_pair)}")
     _refuse(str(cfg.init), problems)
