@@ -62,17 +62,15 @@ def mean_scores(scores: list[Scores]) -> Scores:
                   n=sum(s.n for s in scores))
 
 
-def case_blind(hypotheses: list[str], references: list[str]) -> tuple[float, float]:
-    """BLEU and chrF of the lowercased text (sacrebleu's `lowercase`): what the robustness report scores."""
-    bleu = sacrebleu.metrics.BLEU(lowercase=True).corpus_score(hypotheses, [references])
-    chrf = sacrebleu.metrics.CHRF(lowercase=True).corpus_score(hypotheses, [references])
-    return float(bleu.score), float(chrf.score)
-
-
-def case_blind_signatures() -> tuple[str, str]:
-    """The signatures of `case_blind`'s BLEU and chrF."""
-    return (str(sacrebleu.metrics.BLEU(lowercase=True).get_signature()),
-            str(sacrebleu.metrics.CHRF(lowercase=True).get_signature()))
+def case_blind(hypotheses: list[str], references: list[str]) -> Scores:
+    """BLEU and chrF of the lowercased text (sacrebleu's `lowercase`), with their signatures: what the
+    robustness report scores (CER and WER are left at 0)."""
+    bleu_metric, chrf_metric = sacrebleu.metrics.BLEU(lowercase=True), sacrebleu.metrics.CHRF(lowercase=True)
+    bleu = bleu_metric.corpus_score(hypotheses, [references])
+    chrf = chrf_metric.corpus_score(hypotheses, [references])
+    return Scores(bleu=float(bleu.score), chrf=float(chrf.score), cer=0.0, wer=0.0,
+                  bleu_signature=str(bleu_metric.get_signature()),
+                  chrf_signature=str(chrf_metric.get_signature()), n=len(hypotheses))
 
 
 HIGHER_IS_BETTER = {"bleu": True, "chrf": True, "loss": False, "cer": False, "wer": False}

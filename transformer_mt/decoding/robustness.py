@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from transformer_mt.data.variants import CASES, TYPO_RATE, add_typos, drop_final_punct
-from transformer_mt.decoding.metrics import case_blind, case_blind_signatures
+from transformer_mt.decoding.metrics import case_blind
 from transformer_mt.tables import markdown_table
 
 AS_WRITTEN = "as written"
@@ -40,20 +40,22 @@ class VariantScore:
 
 
 def robustness(translate: Callable[[list[str]], list[str]], sources: list[str], references: list[str],
-               seed: int) -> list[VariantScore]:
-    """Each variant's scores; `translate` maps sources to hypotheses (one batch call per variant)."""
-    rows, written = [], None
+               seed: int) -> tuple[list[VariantScore], tuple[str, str]]:
+    """Each variant's scores, and the BLEU and chrF signatures; `translate` maps sources to hypotheses
+    (one batch call per variant)."""
+    rows, written, signatures = [], None, ("", "")
     for name, varied in varied_sources(sources, seed).items():
-        bleu, chrf = case_blind(translate(varied), references)
+        scores = case_blind(translate(varied), references)
+        bleu, chrf, signatures = scores.bleu, scores.chrf, (scores.bleu_signature, scores.chrf_signature)
         written = bleu if written is None else written
         changed = sum(v != s for v, s in zip(varied, sources, strict=True))
         rows.append(VariantScore(name, bleu, chrf, bleu / written if written else 0.0, changed))
-    return rows
+    return rows, signatures
 
 
-def report(rows: list[VariantScore], seed: int) -> dict[str, object]:
+def report(rows: list[VariantScore], signatures: tuple[str, str], seed: int) -> dict[str, object]:
     """The rows as the evaluation's JSON keeps them, with what decides the input and the scores."""
-    bleu_signature, chrf_signature = case_blind_signatures()
+    bleu_signature, chrf_signature = signatures
     return {"seed": seed, "typo_rate": TYPO_RATE, "bleu_signature": bleu_signature,
             "chrf_signature": chrf_signature, "variants": [asdict(r) for r in rows]}
 

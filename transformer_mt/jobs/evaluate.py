@@ -88,9 +88,9 @@ def evaluate(cfg: EvaluateConfig) -> float:
     stem = f"{name}.{f'ensemble{members}' if members else checkpoint.stem}.{search}"
     text = "\n".join(hypotheses) + "\n"
     if cfg.robustness:  # the same sentences as people also type them (decoding/robustness.py)
-        rows = robustness.robustness(lambda s: hypotheses if s is sources else _best(engine, s), sources,
-                                     references, cfg.seed)
-        report["robustness"] = robustness.report(rows, cfg.seed)
+        rows, signatures = robustness.robustness(lambda s: hypotheses if s is sources else _best(engine, s),
+                                                 sources, references, cfg.seed)
+        report["robustness"] = robustness.report(rows, signatures, cfg.seed)
     atomic_write(out_dir / f"{stem}.hyp.txt", lambda f: f.write(text.encode("utf-8")))
     atomic_write(out_dir / f"{stem}.json", lambda f: f.write(json.dumps(report, indent=2).encode("utf-8")))
     if not members:  # an ensemble is no one checkpoint's step
