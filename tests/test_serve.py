@@ -207,7 +207,7 @@ class RecordingEngine(TextTranslator):
         self.hold, self.fail_on = hold, fail_on
         self.info = {}
 
-    def unfit_inputs(self, texts: object, prefixes: object = None) -> list:
+    def unfit_inputs(self, texts: object, prefixes: object = None, tgt_lang: object = None) -> list:
         return []  # upper-casing takes any text
 
     def translate_nbest(self, sentences: list[str], return_attention: bool = False,

@@ -111,7 +111,10 @@ class InputVariants:
     """Gives each epoch the training pairs with the variants drawn for it."""
 
     def __init__(self, vocab: Vocabulary, corpora: Sequence[CorpusVariants], seed: int, max_len: int) -> None:
-        self.vocab, self.corpora, self.seed, self.max_len = vocab, tuple(corpora), seed, max_len
+        self.vocab = vocab
+        self.corpora = tuple(corpora)
+        self.seed = seed
+        self.max_len = max_len
         # a source's target-language token (data/languages.py) is kept as it is, before the varied text
         self.language_ids = {vocab.language_id(lang) for lang in vocab.target_languages}
 
