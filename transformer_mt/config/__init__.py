@@ -1,32 +1,35 @@
-"""The config layer: the typed schema of every setting (schema.py), the rules for their values (checks.py),
-how YAML and overrides become typed configs (typed.py, overrides.py, resolvers.py), and the rules for
-command-line arguments (arguments.py). `transformer_mt.config` is the schema's public name."""
+"""The config layer: the typed schema of every setting (schema.py, the sections; commands.py, each command's
+config), the rules for their values (checks.py, dataset_checks.py, problems.py), how YAML and overrides
+become typed configs (typed.py, overrides.py, resolvers.py), and the rules for command-line arguments
+(arguments.py). `transformer_mt.config` is the schema's public name."""
 
-from transformer_mt.config.schema import (
-    CONFIG_DIR,
+from transformer_mt.config.commands import (
     SCHEMAS,
     BatchingConfig,
-    CheckpointConfig,
-    DatasetConfig,
-    DecodingConfig,
-    DeviceConfig,
     EngineConfig,
     EvaluateConfig,
     ExportConfig,
     LimitsConfig,
+    ScoreConfig,
+    ServeConfig,
+    TrainConfig,
+    TranslateConfig,
+    validate,
+)
+from transformer_mt.config.schema import (
+    CONFIG_DIR,
+    CheckpointConfig,
+    DatasetConfig,
+    DecodingConfig,
+    DeviceConfig,
     MixedCorpus,
     ModelConfig,
-    ScoreConfig,
     SearchConfig,
     Section,
-    ServeConfig,
     TokenizerConfig,
-    TrainConfig,
     TrainingConfig,
-    TranslateConfig,
     VariantsConfig,
     resolve_path,
-    validate,
 )
 from transformer_mt.errors import CheckpointError, ConfigError, DataError, TrainingError, UserError
 

@@ -8,16 +8,15 @@ section's own `check()`) can report them all at once.
 from __future__ import annotations
 
 import dataclasses
-import math
-import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from transformer_mt.config.arguments import not_utf8_text, output_problems
-from transformer_mt.errors import ConfigError
+from transformer_mt.config.dataset_checks import MIX_WEIGHT, dataset_relations
+from transformer_mt.config.problems import Rule, out_of_range
 
 if TYPE_CHECKING:  # types only: the schemas import this module
-    from transformer_mt.config import schema
+    from transformer_mt.config import commands, schema
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "dataset.name": ("tatoeba", "parallel", "hf", "opus_books"),
@@ -37,7 +36,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
                      "bfloat16", "float32"),
 }
 
-Rule = tuple[Callable[[Any], bool], str]  # (is the value allowed?, what it must be)
 
 
 def at_least(low: float, or_null: bool = False) -> Rule:
@@ -61,15 +59,8 @@ MAX_LAYERS = 256
 MAX_POSITIONS = 16384  # the sinusoid table (max_positions x d_model) is built, not loaded
 MAX_VOCAB_SIZE = 1_048_576
 
-# What a target language may be called in a model of several: it names a token, <2fr> (data/tokenizer.py).
-LANGUAGE_CODE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
-
 PROBABILITY: Rule = (lambda v: 0.0 <= v < 1.0, "in [0, 1)")
 POSITIVE: Rule = (lambda v: v > 0, "> 0")
-# How many times an epoch holds a corpus's pairs (data/mixture.py): inf or nan would make no epoch.
-MIX_WEIGHT: Rule = (lambda v: math.isfinite(v) and v > 0,
-                    "a finite number > 0 (leave a corpus out of dataset.mix rather than weigh it 0)")
-
 RANGES: dict[str, Rule] = {
     "dataset.max_pairs": at_least(10, or_null=True),
     "dataset.min_len": at_least(0),
@@ -157,84 +148,6 @@ def _model_relations(m: schema.ModelConfig) -> list[str]:
     return found
 
 
-def _dataset_relations(d: schema.DatasetConfig) -> list[str]:
-    found = out_of_range("dataset.max_len", d.max_len, d.max_len >= max(1, d.min_len),
-                         f">= dataset.min_len ({d.min_len}) and >= 1")
-    if d.src_lang == d.tgt_lang:
-        found.append(f"dataset.src_lang and dataset.tgt_lang are both {d.src_lang!r}; translate between two")
-    if d.name == "tatoeba" and "en" not in (d.src_lang, d.tgt_lang):  # every Tatoeba file is <lang>-eng
-        found.append(f"dataset=tatoeba pairs English with another language: set dataset.src_lang or "
-                     f"dataset.tgt_lang to en (they are {d.src_lang!r}, {d.tgt_lang!r})")
-    if d.name == "tatoeba" and not d.path:
-        found.append("dataset=tatoeba needs dataset.path=<the <lang>-eng.zip or its .txt>")
-    if d.name == "parallel":
-        found += _parallel_files(d)
-    if d.tag is not None and (not d.tag.strip() or any(c in d.tag for c in "\t\r\n")):
-        found.append(f"dataset.tag={d.tag!r}: give a tag of visible text on one line, e.g. <bt>, or null")
-    found += _variants_problems("dataset.variants", d.variants)
-    languages = d.target_languages()
-    if len(languages) > 1 and (bad := [lang for lang in languages if not LANGUAGE_CODE.fullmatch(lang)]):
-        found.append(f"target language(s) {', '.join(map(repr, bad))} cannot name a language token (<2fr>): "
-                     "use letters, digits, _ or -, starting with a letter (fr, de, pt_BR)")
-    for k, corpus in enumerate(d.mix):
-        found += _mixed_corpus(d, k, corpus)
-    if d.name in ("hf", "opus_books") and not (d.hf_path or d.hf_data_files):
-        found.append(f"dataset={d.name} needs dataset.hf_path=<a hub dataset or a save_to_disk directory> "
-                     "(or dataset.hf_data_files=<.jsonl>)")
-    return found
-
-
-MIXABLE = ("tatoeba", "parallel", "hf")  # the corpora dataset.mix reads
-
-
-def _mixed_corpus(d: schema.DatasetConfig, k: int, corpus: schema.MixedCorpus) -> list[str]:
-    """A corpus of dataset.mix: its own keys, then the dataset rules of the section that reads it."""
-    key = f"dataset.mix[{k}]"
-    if corpus.name not in MIXABLE:
-        return [f"{key}.name={corpus.name!r} is not allowed; choose one of: {', '.join(MIXABLE)}"]
-    found = out_of_range(f"{key}.weight", corpus.weight, MIX_WEIGHT[0](corpus.weight), MIX_WEIGHT[1])
-    pairs = corpus.max_pairs
-    found += out_of_range(f"{key}.max_pairs", pairs, pairs is None or pairs >= 10, ">= 10 or null")
-    if corpus.variants is not None:
-        found += _variants_problems(f"{key}.variants", corpus.variants)
-    shared = ("dataset.max_len", "dataset.variants", "target language")  # the dataset's: reported once
-    if not (corpus.src_lang or corpus.tgt_lang):
-        shared += ("dataset.src_lang and",)
-    return found + [f"{key}: " + p.replace("dataset.", f"{key}.") for p in
-                    _dataset_relations(corpus.dataset(d)) if not p.startswith(shared)]
-
-
-def _variants_problems(key: str, v: schema.VariantsConfig) -> list[str]:
-    """Each variant's probability in [0, 1]; the three cases, of which a pair shows one, at most 1 in all."""
-    found = []
-    for name, p in dataclasses.asdict(v).items():
-        found += out_of_range(f"{key}.{name}", p, 0.0 <= p <= 1.0, "in [0, 1]")
-    if (cases := v.caps + v.title + v.lower) > 1.0:
-        found.append(f"{key}.caps + {key}.title + {key}.lower = {cases:g}: a pair shows one case at most, "
-                     "so the three must add up to 1 or less")
-    return found
-
-
-def _parallel_files(d: schema.DatasetConfig) -> list[str]:
-    """Each part as two files (its src_path and tgt_path) or one TSV; training data is required."""
-    found = []
-    for part, pair, tsv in (("", (d.src_path, d.tgt_path), d.path),
-                            ("valid_", (d.valid_src_path, d.valid_tgt_path), d.valid_path),
-                            ("test_", (d.test_src_path, d.test_tgt_path), d.test_path)):
-        if bool(pair[0]) != bool(pair[1]):
-            found.append(f"dataset.{part}src_path and dataset.{part}tgt_path go together; give both")
-        elif pair[0] and tsv:
-            found.append(f"dataset.{part}path (a TSV) and dataset.{part}src_path/tgt_path are two ways "
-                         "to give the same pairs; keep one")
-    if not (d.src_path or d.path):
-        found.append("dataset=parallel needs its training pairs: dataset.src_path=<file> "
-                     "dataset.tgt_path=<file>, or dataset.path=<source<TAB>target file>")
-    if (d.test_src_path or d.test_path) and not (d.valid_src_path or d.valid_path):
-        found.append("dataset=parallel takes test pairs with valid pairs of their own: add dataset."
-                     "valid_src_path/valid_tgt_path (or valid_path), or leave both to the split")
-    return found
-
-
 def _tokenizer_relations(t: schema.TokenizerConfig) -> list[str]:
     minimum = min_vocab_size(t.kind)
     parts = f"{len(SPECIAL_TOKENS)} special tokens + {'256 bytes' if t.kind == 'bpe' else '1 symbol'}"
@@ -281,7 +194,7 @@ def _decoding_relations(dc: schema.DecodingConfig) -> list[str]:
     return n_best_in_beam(dc.n_best, dc.beam_size)
 
 
-def _train_relations(cfg: schema.TrainConfig) -> list[str]:
+def _train_relations(cfg: commands.TrainConfig) -> list[str]:
     found = []
     if cfg.model.tie_embeddings and not cfg.tokenizer.joint:
         found.append("model.tie_embeddings=true needs tokenizer.joint=true; set one of them to false")
@@ -297,7 +210,7 @@ def _train_relations(cfg: schema.TrainConfig) -> list[str]:
 _CHECKPOINT = "checkpoint= is required: a .pt file or a run directory under saved_weights/"
 
 
-def _engine_relations(cfg: schema.EngineConfig) -> list[str]:
+def _engine_relations(cfg: commands.EngineConfig) -> list[str]:
     found = []
     if cfg.engine == "ctranslate2" and cfg.device.name == "mps":
         found.append("engine=ctranslate2 runs on cpu or cuda, not mps; set device=cpu")
@@ -306,12 +219,12 @@ def _engine_relations(cfg: schema.EngineConfig) -> list[str]:
     return found
 
 
-def _translate_relations(cfg: schema.TranslateConfig) -> list[str]:
+def _translate_relations(cfg: commands.TranslateConfig) -> list[str]:
     return (_engine_relations(cfg) + not_utf8_text("text=", cfg.text) + output_problems("output", cfg.output)
             + output_problems("attention_png", cfg.attention_png))
 
 
-def _serve_relations(cfg: schema.ServeConfig) -> list[str]:
+def _serve_relations(cfg: commands.ServeConfig) -> list[str]:
     found = _engine_relations(cfg)
     if cfg.decoding.beam_size > cfg.limits.max_beam_size:
         found.append(f"decoding.beam_size={cfg.decoding.beam_size} is above limits.max_beam_size="
@@ -324,18 +237,19 @@ def _serve_relations(cfg: schema.ServeConfig) -> list[str]:
     return found
 
 
-def _engine_needs(cfg: schema.EngineConfig) -> list[str]:
+def _engine_needs(cfg: commands.EngineConfig) -> list[str]:
     if cfg.engine == "ctranslate2":
         return [] if cfg.model_dir else ["engine=ctranslate2 needs model_dir=<directory written by "
                                          "`transformer-mt export checkpoint=...`>"]
     return [] if cfg.checkpoint else [_CHECKPOINT]
 
 
-def _needs_checkpoint(cfg: schema.EvaluateConfig | schema.ExportConfig | schema.ScoreConfig) -> list[str]:
+def _needs_checkpoint(cfg: commands.EvaluateConfig | commands.ExportConfig | commands.ScoreConfig,
+                      ) -> list[str]:
     return [] if cfg.checkpoint else [_CHECKPOINT]
 
 
-def _evaluate_relations(cfg: schema.EvaluateConfig) -> list[str]:
+def _evaluate_relations(cfg: commands.EvaluateConfig) -> list[str]:
     found = output_problems("output_dir", cfg.output_dir, directory=True)
     if cfg.decoding.alignment:
         found.append("decoding.alignment=true is for translate and serve; evaluate scores the translations "
@@ -343,7 +257,7 @@ def _evaluate_relations(cfg: schema.EvaluateConfig) -> list[str]:
     return found
 
 
-def _score_relations(cfg: schema.ScoreConfig) -> list[str]:
+def _score_relations(cfg: commands.ScoreConfig) -> list[str]:
     found = output_problems("output", cfg.output)
     if cfg.input is not None and (cfg.src is not None or cfg.tgt is not None):
         found.append("give the pairs as input=<TSV> or as src=<file> tgt=<file>, not both")
@@ -352,7 +266,7 @@ def _score_relations(cfg: schema.ScoreConfig) -> list[str]:
     return found
 
 
-def _needs_run_dir(cfg: schema.TrainConfig) -> list[str]:
+def _needs_run_dir(cfg: commands.TrainConfig) -> list[str]:
     return [] if cfg.checkpoint.dir else ["checkpoint.dir=null leaves the run without a directory; name "
                                           "one, or leave the key out (the command line and compose() "
                                           "then set it)"]
@@ -360,7 +274,7 @@ def _needs_run_dir(cfg: schema.TrainConfig) -> list[str]:
 
 # Rules between keys, by schema: a section's own, then a command's across its sections.
 RELATIONS: dict[str, Callable[[Any], list[str]]] = {
-    "ModelConfig": _model_relations, "DatasetConfig": _dataset_relations,
+    "ModelConfig": _model_relations, "DatasetConfig": dataset_relations,
     "TokenizerConfig": _tokenizer_relations, "TrainingConfig": _training_relations,
     "DeviceConfig": _device_relations,
     "DecodingConfig": _decoding_relations, "TrainConfig": _train_relations,
@@ -373,17 +287,6 @@ REQUIRED: dict[str, Callable[[Any], list[str]]] = {
     "TranslateConfig": _engine_needs, "ServeConfig": _engine_needs, "EvaluateConfig": _needs_checkpoint,
     "ExportConfig": _needs_checkpoint, "TrainConfig": _needs_run_dir, "ScoreConfig": _needs_checkpoint,
 }
-
-
-def out_of_range(key: str, value: Any, ok: bool, allowed: str) -> list[str]:
-    """[] when ok, else the one message for a value out of its range."""
-    return [] if ok else [f"{key}={value!r} is out of range; it must be {allowed}"]
-
-
-def raise_if(problems: list[str]) -> None:
-    """One ConfigError for all problems, joined into one line."""
-    if problems:
-        raise ConfigError("; ".join(problems))
 
 
 def section_problems(obj: Any, prefix: str = "", complete: bool = True) -> list[str]:

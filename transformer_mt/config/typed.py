@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_mt.config.checks import raise_if
+from transformer_mt.config.problems import raise_if
 from transformer_mt.config.schema import CONFIG_DIR
 
 # Renamed keys (old: new, why): the old name fails in one line naming the new; a resumed run's are moved.

@@ -32,6 +32,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 
 from transformer_mt.config import TokenizerConfig
 from transformer_mt.config import checks as rules
+from transformer_mt.config.dataset_checks import LANGUAGE_CODE
 from transformer_mt.errors import ConfigError
 
 SPECIAL_TOKENS: list[str] = list(rules.SPECIAL_TOKENS)
@@ -39,7 +40,7 @@ _, BOS, EOS, UNK = SPECIAL_TOKENS  # <pad> is only ever used by its id
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(len(SPECIAL_TOKENS))
 SPACE_MARK = "▁"  # U+2581, how word-initial spaces are shown (and stored, for wordlevel)
 
-_LANGUAGE_TOKEN = re.compile(f"<2({rules.LANGUAGE_CODE.pattern})>")
+_LANGUAGE_TOKEN = re.compile(f"<2({LANGUAGE_CODE.pattern})>")
 
 JOINT_FILE = "tokenizer.json"
 SRC_FILE = "tokenizer_src.json"

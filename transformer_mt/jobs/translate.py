@@ -18,7 +18,7 @@ from typing import IO, TextIO, TypeVar
 
 from transformer_mt.config import TranslateConfig
 from transformer_mt.config.arguments import not_utf8_text
-from transformer_mt.config.checks import raise_if
+from transformer_mt.config.problems import raise_if
 from transformer_mt.data import open_binary, utf8_lines
 from transformer_mt.decoding.alignment import pharaoh
 from transformer_mt.decoding.engine import load_engine

@@ -63,6 +63,10 @@ class TranslateRequest(BaseModel):
     tgt_lang: str | None = Field(None, description="the language to translate into, for a model of several "
                                  "(GET /health lists them); default: the server's")
 
+    def search(self) -> Search:
+        """What the request asks of the search (requests that ask the same decode together)."""
+        return Search(self.beam_size, self.n_best, self.attention is not False, self.alignment, self.tgt_lang)
+
 
 class ScoredText(BaseModel):
     """One of a text's n best translations and its score."""
@@ -191,8 +195,7 @@ def create_app(engine: TextTranslator, cfg: ServeConfig) -> FastAPI:
         start = time.perf_counter()
         body = parse_request(await read_body(request, body_limit, cfg.limits.body_timeout_s), cfg)
         texts = [body.text] if isinstance(body.text, str) else body.text
-        search = Search(body.beam_size, body.n_best, body.attention is not False, body.alignment,
-                        body.tgt_lang)
+        search = body.search()
         prefixes = [body.prefix] if isinstance(body.prefix, str) else body.prefix
         await check_fit(engine, body, texts, prefixes)
         await asyncio.to_thread(check_attention_size, engine, texts, prefixes, body.attention, cfg)
