@@ -84,7 +84,7 @@ def test_a_run_with_ema_validates_and_saves_the_average(ema_run: Path, tmp_path:
     last = next(r for r in logged if r["step"] == state["step"] and "model" not in r)
     trainer = _resumed_trainer(ema_run / "epoch_002.pt", tmp_path / "again")
     assert trainer.validate.model is trainer.ema.model
-    t, valid = trainer.cfg.training, trainer.validate.valid
+    t, valid = trainer.cfg.training, next(iter(trainer.validate.valid.values()))  # its one direction
     sample = valid.subset(range(min(t.valid_max_sentences, len(valid))))
     args = (sample, t.batch_tokens, trainer.device, trainer.amp)
     assert validation_loss(trainer.ema.model, *args) == pytest.approx(last["valid_loss"], rel=1e-6)
@@ -101,7 +101,8 @@ def test_a_run_with_ema_validates_and_saves_the_average(ema_run: Path, tmp_path:
 
 def test_validation_measures_its_loss_on_the_pairs_it_translates(ema_run: Path, tmp_path: Path) -> None:
     trainer = _resumed_trainer(ema_run / "epoch_002.pt", tmp_path / "again", "training.valid_max_sentences=5")
-    valid, args = trainer.validate.valid, (trainer.cfg.training.batch_tokens, trainer.device, trainer.amp)
+    valid = next(iter(trainer.validate.valid.values()))  # the run's one direction
+    args = (trainer.cfg.training.batch_tokens, trainer.device, trainer.amp)
     result = trainer.validate(step=trainer.step, epoch=2, train_minutes=0.0)
     sample = validation_loss(trainer.ema.model, valid.subset(range(5)), *args)
     assert len(valid) > 5 and result.loss == pytest.approx(sample, rel=1e-6)
