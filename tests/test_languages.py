@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import re
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,7 +19,7 @@ import sacrebleu
 import torch
 
 import transformer_mt as tmt
-from tests.conftest import ROOT, missing, run_cli, smoke_overrides
+from tests.conftest import ROOT, missing, smoke_overrides
 from transformer_mt.config import ConfigError, DatasetConfig, DecodingConfig, MixedCorpus, TokenizerConfig
 from transformer_mt.data import Ragged, load_split_tsv, prepare_data
 from transformer_mt.data.languages import prefixed, split_file
@@ -26,9 +29,21 @@ from transformer_mt.decoding.translator import Translator, decode_ids
 GERMAN = ROOT.parent / "shared" / "data" / "deu-eng.zip"
 
 
+def _every_40th(zip_path: Path, member: str, out: Path) -> Path:
+    with zipfile.ZipFile(zip_path) as z:
+        out.write_text("\n".join(z.read(member).decode("utf-8").splitlines()[::40]) + "\n", encoding="utf-8")
+    return out
+
+
 @pytest.fixture(scope="module")
-def german() -> Path:
-    return GERMAN if GERMAN.is_file() else missing("Tatoeba en-de not found at ../shared/data/deu-eng.zip")
+def small(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Every 40th pair of Tatoeba en-fr and en-de, as fra.txt and deu.txt: the tests read each corpus
+    whole, and all of it would take seconds a test."""
+    if not GERMAN.is_file():
+        missing("Tatoeba en-de not found at ../shared/data/deu-eng.zip")
+    folder = tmp_path_factory.mktemp("tatoeba")
+    french = _every_40th(corpus, "fra.txt", folder / "fra.txt")
+    return french, _every_40th(GERMAN, "deu.txt", folder / "deu.txt")
 
 
 def _two_targets(corpus: Path, german: Path, run_dir: Path, **extra: object) -> list[str]:
@@ -40,9 +55,9 @@ def _two_targets(corpus: Path, german: Path, run_dir: Path, **extra: object) -> 
 
 
 @pytest.fixture(scope="module")
-def two_targets(corpus: Path, german: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def two_targets(small: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("languages") / "run"
-    tmt.train(_two_targets(corpus, german, run_dir))
+    tmt.train(_two_targets(*small, run_dir))
     return run_dir
 
 
@@ -70,7 +85,8 @@ def test_prefixed_puts_the_token_before_each_sequence() -> None:
 
 
 def test_each_corpus_and_held_out_part_starts_with_its_language_and_nothing_leaks(
-        corpus: Path, german: Path, tmp_path: Path) -> None:
+        small: tuple[Path, Path], tmp_path: Path) -> None:
+    corpus, german = small
     cfg = DatasetConfig(path=str(corpus), url=None, max_pairs=400, valid_size=40, test_size=40,
                         cache_dir=str(tmp_path / "cache"),
                         mix=[MixedCorpus(name="tatoeba", path=str(german), tgt_lang="de", max_pairs=400)])
@@ -90,9 +106,10 @@ def test_each_corpus_and_held_out_part_starts_with_its_language_and_nothing_leak
     assert english and not english & held_out  # no English sentence of any held-out part is trained on
 
 
-def test_one_target_needs_no_token_and_several_sources_share_it(corpus: Path, german: Path,
+def test_one_target_needs_no_token_and_several_sources_share_it(small: tuple[Path, Path],
                                                                 tmp_path: Path) -> None:
     """fr→en and de→en into one model: one target language, no token."""
+    corpus, german = small
     cfg = DatasetConfig(path=str(corpus), url=None, src_lang="fr", tgt_lang="en", max_pairs=300,
                         valid_size=30, test_size=30, cache_dir=str(tmp_path / "cache"),
                         mix=[MixedCorpus(name="tatoeba", path=str(german), src_lang="de", max_pairs=300)])
@@ -137,21 +154,22 @@ def test_evaluate_scores_the_language_asked_for_on_its_own_split(two_targets: Pa
     assert report["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score)
 
 
-def test_a_language_the_model_lacks_is_one_line_everywhere(two_targets: Path, tiny_run: Path) -> None:
+def test_a_language_the_model_lacks_is_one_line_everywhere(two_targets: Path, tiny_run: Path,
+                                                           run_cli_here: Callable[..., Any]) -> None:
     for args in (("translate", f"checkpoint={two_targets}", "tgt_lang=es", "text=Hello."),
                  ("evaluate", f"checkpoint={two_targets}", "tgt_lang=es"),
                  ("translate", f"checkpoint={tiny_run}", "tgt_lang=de", "text=Hello.")):
-        result = run_cli(*args)
+        result = run_cli_here(*args)
         assert result.returncode != 0 and "Traceback" not in result.stderr, args
         last = result.stderr.strip().splitlines()[-1]
         assert "tgt_lang=" in last and ("<2es>" in last or "into fr only" in last), last
-    assert run_cli("translate", f"checkpoint={tiny_run}", "tgt_lang=fr", "text=Hello.").returncode == 0
+    assert run_cli_here("translate", f"checkpoint={tiny_run}", "tgt_lang=fr", "text=Hello.").returncode == 0
 
 
 def test_fine_tuning_a_model_of_one_target_on_two_is_refused_in_one_line(
-        corpus: Path, german: Path, tiny_run: Path, tmp_path: Path) -> None:
+        small: tuple[Path, Path], tiny_run: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="has no token for target language") as info:
-        tmt.train([*_two_targets(corpus, german, tmp_path / "run"), f"init={tiny_run}"])
+        tmt.train([*_two_targets(*small, tmp_path / "run"), f"init={tiny_run}"])
     assert "\n" not in str(info.value)
 
 
@@ -181,3 +199,21 @@ def test_serve_takes_the_language_with_each_request(two_targets: Path) -> None:
             assert answer.json()["translations"] == engine.translate(sources, tgt_lang=lang)
         refused = client.post("/translate", json={"text": sources, "tgt_lang": "es"})
         assert refused.status_code == 422 and "<2es>" in refused.json()["error"]
+
+
+def test_a_ctranslate2_export_keeps_the_languages(two_targets: Path, tmp_path: Path) -> None:
+    """The export's vocabulary holds the language tokens and its metadata the default target: each
+    language's greedy translations are PyTorch's (float32)."""
+    pytest.importorskip("ctranslate2")
+    from transformer_mt.decoding.ct2 import CT2Translator, export_ctranslate2
+
+    model_dir = export_ctranslate2(two_targets, tmp_path / "ct2", quantization="float32")
+    greedy = DecodingConfig(beam_size=1)
+    engine = CT2Translator.from_dir(model_dir, intra_threads=1, decoding=greedy)
+    reference = Translator.from_checkpoint(two_targets, device="cpu", amp="off", decoding=greedy)
+    sources = load_split_tsv(split_file(two_targets, "valid", "de"))[0][:8]
+    assert engine.tgt_lang == reference.tgt_lang == "fr"
+    for lang in ("fr", "de"):
+        assert engine.translate(sources, tgt_lang=lang) == reference.translate(sources, tgt_lang=lang)
+    with pytest.raises(ConfigError, match="<2es>"):
+        engine.translate("Hello.", tgt_lang="es")

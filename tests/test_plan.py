@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -17,7 +18,7 @@ from tests.conftest import DATA_CACHE, tiny_overrides
 from transformer_mt import plan as planning
 from transformer_mt.checkpoints.parameter_count import parameter_count
 from transformer_mt.checkpoints.store import load_checkpoint
-from transformer_mt.config import ConfigError, ModelConfig, TrainConfig
+from transformer_mt.config import ConfigError, ModelConfig, TrainConfig, VariantsConfig
 from transformer_mt.errors import TrainingError
 from transformer_mt.jobs.composition import compose
 from transformer_mt.plan import decide, rules
@@ -115,6 +116,19 @@ def test_keys_set_in_an_experiment_or_on_the_command_line_are_yours() -> None:
     assert bare == set()
     group = ["model=small", "training.max_minutes=5"]
     assert set(decide.SHAPE) <= decide.chosen_by_you(compose("train", group), group)
+
+
+def test_a_planned_run_takes_the_input_variants_unless_you_chose_any() -> None:
+    """Chosen before the data are prepared (the tokenizer's sample shows them): a dataset.variants key,
+    or a config's variants, are yours, and then the plan sets none."""
+    auto = ["training.plan=auto", "training.max_minutes=5"]
+    planned = planning.inputs(compose("train", auto), auto)
+    assert dataclasses.asdict(planned.dataset.variants) == rules.VARIANTS
+    for overrides in ([*auto, "dataset.variants.caps=0"], [*auto, "dataset.variants.typos=0.3"], []):
+        cfg = compose("train", overrides)
+        assert planning.inputs(cfg, overrides).dataset.variants == cfg.dataset.variants, overrides
+    mixed = [*auto, "dataset.mix=[{name:parallel,path:x.tsv,variants:{caps:0.5}}]"]
+    assert planning.inputs(compose("train", mixed), mixed).dataset.variants == VariantsConfig()
 
 
 def test_model_presets_are_read_from_their_files() -> None:
@@ -407,6 +421,7 @@ def test_a_planned_run_records_its_plan(planned_run: Path) -> None:
     saved = load_checkpoint(planned_run / "latest.pt")
     assert saved["plan"] == result["plan"]
     assert saved["config"]["training"]["lr"] == plan.values["training.lr"]  # the run trained with it
+    assert saved["config"]["dataset"]["variants"] == rules.VARIANTS  # chosen before the data (plan.inputs)
     assert "| training.lr |" in plan.table() and "target tokens/s" in plan.table()
 
 

@@ -8,29 +8,22 @@ from __future__ import annotations
 import random
 import re
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import transformer_mt as tmt
-from tests.conftest import run_cli, smoke_overrides
+from tests.conftest import smoke_overrides
 from transformer_mt.config import ConfigError, DatasetConfig, MixedCorpus, TokenizerConfig, VariantsConfig
 from transformer_mt.data import EncodedSplit, Ragged
 from transformer_mt.data.languages import prefixed
 from transformer_mt.data.mixture import Mixture, Part
+from transformer_mt.data.text_variants import NAMES, add_typos, drop_final_punct, title_case, tokenizer_pairs
 from transformer_mt.data.tokenizer import Vocabulary, train_tokenizers
-from transformer_mt.data.variants import (
-    NAMES,
-    CorpusVariants,
-    InputVariants,
-    add_typos,
-    build,
-    draw,
-    drop_final_punct,
-    shows,
-    title_case,
-)
+from transformer_mt.data.variants import CorpusVariants, InputVariants, build, draw, shows
 
 
 @pytest.fixture(scope="module")
@@ -160,8 +153,8 @@ def test_bad_probabilities_are_refused_in_one_line(variants: dict[str, float], e
         DatasetConfig(mix=[MixedCorpus(path="x.tsv", variants=VariantsConfig(caps=1.5))]).check()
 
 
-def test_the_command_line_refuses_an_unknown_variant_in_one_line() -> None:
-    result = run_cli("train", "debug=tiny", "dataset.variants.shout=0.1")
+def test_the_command_line_refuses_an_unknown_variant_in_one_line(run_cli_here: Callable[..., Any]) -> None:
+    result = run_cli_here("train", "debug=tiny", "dataset.variants.shout=0.1")
     assert result.returncode != 0 and "Traceback" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert "dataset.variants.shout" in last
@@ -189,3 +182,32 @@ def test_a_source_keeps_its_language_token(pairs: list[tuple[str, str]]) -> None
     assert all(ids[0] == de for ids in varied.src_ids.tolist())
     sources = vocab.decode_src([ids[1:] for ids in varied.src_ids.tolist()])
     assert sum(s == s.upper() for s in sources) >= shown["caps"]
+
+
+def test_the_tokenizer_sample_shows_the_case_variants_so_capitals_keep_whole_pieces(
+        pairs: list[tuple[str, str]]) -> None:
+    """A vocabulary learnt from text as written splits ALL CAPS words into letters; one learnt from the
+    sample with its cased copies (text_variants.tokenizer_pairs) keeps them in pieces like the words'."""
+    assert tokenizer_pairs(pairs, VariantsConfig(typos=0.5, no_punct=0.5), seed=1) == pairs
+    sample = tokenizer_pairs(pairs, VariantsConfig(caps=0.3, title=0.1), seed=1)
+    copies = sample[len(pairs):]
+    assert sample[:len(pairs)] == pairs and 0.33 * len(pairs) < len(copies) < 0.47 * len(pairs)
+    assert sample == tokenizer_pairs(pairs, VariantsConfig(caps=0.3, title=0.1), seed=1)  # seeded
+    forms = {(s.upper(), t.upper()) for s, t in pairs} | {(title_case(s), title_case(t)) for s, t in pairs}
+    assert all(copy in forms for copy in copies)
+    tok = TokenizerConfig(kind="bpe", vocab_size=1000)
+    written = train_tokenizers(tok, [p[0] for p in pairs], [p[1] for p in pairs])
+    cased = train_tokenizers(tok, [p[0] for p in sample], [p[1] for p in sample])
+    shouted = [p[0].upper() for p in pairs[:500]]
+    as_written = sum(map(len, written.encode_src(shouted)))
+    assert sum(map(len, cased.encode_src(shouted))) < 0.75 * as_written
+
+
+def test_the_data_cache_is_keyed_by_the_case_variants_alone() -> None:
+    """The tokenizer's sample shows the case variants, so they decide the cached vocabulary; the
+    source-only variants (typos, no final punctuation) are drawn each epoch and do not."""
+    from transformer_mt.data.cache import cache_key
+    tok, files = TokenizerConfig(), {"size": 1}
+    plain = cache_key(DatasetConfig(), tok, files)
+    assert cache_key(DatasetConfig(variants=VariantsConfig(typos=0.1, no_punct=0.1)), tok, files) == plain
+    assert cache_key(DatasetConfig(variants=VariantsConfig(caps=0.1)), tok, files) != plain

@@ -32,6 +32,7 @@ from transformer_mt.data.corpora import Corpus, Skipped, locate
 from transformer_mt.data.memory import index_type, release_freed_memory
 from transformer_mt.data.ragged import Ragged
 from transformer_mt.data.split import TEST, TRAIN, VALID, assign, sentence_key
+from transformer_mt.data.text_variants import tokenizer_cases, tokenizer_pairs
 from transformer_mt.data.tokenizer import Vocabulary, train_tokenizers
 from transformer_mt.errors import DataError
 
@@ -53,6 +54,8 @@ def cache_key(cfg: DatasetConfig, tok_cfg: TokenizerConfig, fingerprint: dict[st
     sampling = ("dropout", "alpha")  # how training re-segments each epoch, not what is cached
     tokenizer = ({k: v for k, v in dataclasses.asdict(tok_cfg).items() if k not in sampling} if vocab is None
                  else {"vocab_sha256": _sha256_json(vocab.to_json())})
+    if vocab is None and (cased := tokenizer_cases(cfg.variants)):
+        tokenizer["cased"] = cased  # the tokenizer's sample shows them (text_variants.tokenizer_pairs)
     return _sha256_json({"format": CACHE_FORMAT, "source": fingerprint, "tokenizer": tokenizer,
                          "dataset": {f: getattr(cfg, f) for f in fields}})
 
@@ -236,8 +239,9 @@ def build(cfg: DatasetConfig, tok_cfg: TokenizerConfig, corpus: Corpus, vocab: V
     texts = {part: held_out.get(part) or texts[part] for part in ("valid", "test")}
     started = time.perf_counter()
     if vocab is None:
+        sample = tokenizer_pairs(sample, cfg.variants, cfg.split_seed)
         vocab = train_tokenizers(tok_cfg, [p[0] for p in sample], [p[1] for p in sample])
-    tokenizer_pairs = len(sample)
+    sample_size = len(sample)
     del sample  # up to tokenizer.max_sentences pairs of text: not kept while the corpus is encoded
     release_freed_memory()
     train_seconds = time.perf_counter() - started
@@ -249,7 +253,7 @@ def build(cfg: DatasetConfig, tok_cfg: TokenizerConfig, corpus: Corpus, vocab: V
             _write_part(tmp, name, texts[name], vocab)
         (tmp / "vocab.json").write_text(json.dumps(vocab.to_json()), encoding="utf-8")
         meta = {"format": CACHE_FORMAT, "source": corpus.name, "pairs_read": plan.count,
-                "skipped_lines": plan.skipped, "pairs_used": plan.used, "tokenizer_pairs": tokenizer_pairs,
+                "skipped_lines": plan.skipped, "pairs_used": plan.used, "tokenizer_pairs": sample_size,
                 "tokenizer_train_seconds": round(train_seconds, 3), "summary": {
                     "source": corpus.name, "src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang,
                     "seed": cfg.split_seed, "valid_size": plan.valid_size, "test_size": plan.test_size,

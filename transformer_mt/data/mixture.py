@@ -34,6 +34,7 @@ from transformer_mt.data.encode import (
 )
 from transformer_mt.data.languages import add_tokens, token_languages, write_split_files
 from transformer_mt.data.ragged import Ragged
+from transformer_mt.data.text_variants import tokenizer_cases, tokenizer_pairs
 from transformer_mt.data.tokenizer import Vocabulary, train_tokenizers
 from transformer_mt.errors import ConfigError, DataError
 
@@ -105,7 +106,7 @@ def _vocab_key(cfgs: list[DatasetConfig], tok_cfg: TokenizerConfig) -> str:
     the tokenizer settings."""
     tokenizer = {k: v for k, v in dataclasses.asdict(tok_cfg).items() if k not in ("dropout", "alpha")}
     unrelated = ("cache_dir", "mix", "variants")
-    corpora = [{"files": locate(c).fingerprint,
+    corpora = [{"files": locate(c).fingerprint, "cased": tokenizer_cases(c.variants),
                 **{k: v for k, v in dataclasses.asdict(c).items() if k not in unrelated}} for c in cfgs]
     text = json.dumps({"format": CACHE_FORMAT, "tokenizer": tokenizer, "corpora": corpora}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -123,9 +124,9 @@ def mixture_vocab(cfgs: list[DatasetConfig], tok_cfg: TokenizerConfig, languages
     wanted = min(tok_cfg.max_sentences, shares.sum()) * shares / shares.sum()
     rng = np.random.default_rng(cfgs[0].split_seed)
     pairs = []
-    for (sample, _), n in zip(samples, wanted):
+    for (sample, _), n, c in zip(samples, wanted, cfgs):
         keep = rng.choice(len(sample), min(len(sample), round(n)), replace=False)
-        pairs += [sample[i] for i in np.sort(keep)]
+        pairs += tokenizer_pairs([sample[i] for i in np.sort(keep)], c.variants, c.split_seed)
     vocab = train_tokenizers(tok_cfg, [s for s, _ in pairs], [t for _, t in pairs], languages)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".part")

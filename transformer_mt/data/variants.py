@@ -10,14 +10,13 @@ draws the same), on the text, before subword segmentation:
 - `typos`: the source's longer words misspelt (`add_typos`), the target spelt right.
 
 Validation and test pairs are never varied; `transformer-mt evaluate robustness=true` scores a model on
-the same variants of its test split (decoding/robustness.py). The text functions are the one place
-each variant is defined.
+the same variants of its test split (decoding/robustness.py). How each variant writes a text is
+data/text_variants.py's, which also gives the tokenizer the cased forms (data/cache.py).
 """
 
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -27,43 +26,8 @@ from transformer_mt.config import DatasetConfig, VariantsConfig
 from transformer_mt.data.encode import EncodedSplit
 from transformer_mt.data.mixture import Mixture
 from transformer_mt.data.ragged import Ragged
+from transformer_mt.data.text_variants import CASES, NAMES, add_typos, drop_final_punct, pick_case
 from transformer_mt.data.tokenizer import UNK_ID, Vocabulary
-
-TYPO_RATE = 0.15  # the share of a sentence's words of four letters or more that `add_typos` misspells
-_WORD = re.compile(r"[^\W\d_][\w'’-]*")  # a word: a letter, then letters, digits, apostrophes, hyphens
-_LONG_WORD = re.compile(r"[^\W\d_]{4,}")
-# Final punctuation, with the (no-break) spaces French puts before it: "Où est la gare ?" -> "Où est la gare"
-_FINAL_PUNCT = re.compile(r"[\s\u00a0\u202f]*[.!?…。！？]+[\s\u00a0\u202f]*$")
-
-
-def title_case(text: str) -> str:
-    """Each word's first letter upper-case, its others lower-case ("don't" stays one word)."""
-    return _WORD.sub(lambda m: m.group(0)[0].upper() + m.group(0)[1:].lower(), text)
-
-
-def drop_final_punct(text: str) -> str:
-    """The text without its final . ! ? … (a text of punctuation alone is kept)."""
-    return _FINAL_PUNCT.sub("", text) or text
-
-
-def add_typos(text: str, rng: random.Random, rate: float = TYPO_RATE) -> str:
-    """Each word of four letters or more misspelt with probability `rate` by one of a typist's three
-    commonest slips, never on its first letter: two neighbouring letters swapped, one left out, one
-    typed twice."""
-    def slip(match: re.Match[str]) -> str:
-        word = match.group(0)
-        if rng.random() >= rate:
-            return word
-        i, kind = rng.randrange(1, len(word) - 1), rng.randrange(3)
-        if kind == 0:
-            return word[:i] + word[i + 1] + word[i] + word[i + 2:]
-        return word[:i] + word[i + 1:] if kind == 1 else word[:i] + word[i] + word[i:]
-    return _LONG_WORD.sub(slip, text)
-
-
-# How each case variant writes a text: applied to both sides of a pair.
-CASES: dict[str, Callable[[str], str]] = {"caps": str.upper, "title": title_case, "lower": str.lower}
-NAMES = (*CASES, "no_punct", "typos")
 
 
 @dataclass(frozen=True)
@@ -88,12 +52,7 @@ class Draw:
 def draw(cfg: VariantsConfig, rng: random.Random) -> Draw | None:
     """One pair's variants for one epoch (three numbers drawn, whatever the probabilities)."""
     u_case, u_punct, u_typos = rng.random(), rng.random(), rng.random()
-    case, edge = None, 0.0
-    for name in CASES:
-        edge += getattr(cfg, name)
-        if case is None and u_case < edge:
-            case = name
-    picked = Draw(case, u_punct < cfg.no_punct, u_typos < cfg.typos)
+    picked = Draw(pick_case(cfg, u_case), u_punct < cfg.no_punct, u_typos < cfg.typos)
     return picked if picked != Draw(None, False, False) else None
 
 

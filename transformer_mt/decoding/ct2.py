@@ -190,8 +190,8 @@ def export_ctranslate2(checkpoint: str | Path, output_dir: Path, quantization: s
             "checkpoint": str(file),
             "epoch": state.get("epoch"),
             "step": state.get("step"),
-            "quantization": quantization,
-            "ctranslate2_version": ct2.__version__,
+            "quantization": quantization, "ctranslate2_version": ct2.__version__,
+            "tgt_lang": state.get("config", {}).get("dataset", {}).get("tgt_lang"),  # the default target
         }
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         _replace_dir(tmp, output_dir)
@@ -215,7 +215,7 @@ class CT2Translator(TextTranslator):
         self.translator = translator
         self.exact = exact
         self.vocab = vocab
-        self.meta = meta
+        self.meta, self.tgt_lang = meta, meta.get("tgt_lang")
         self.max_positions = int(meta["model_config"]["max_positions"])
         self.decoding = decoding or DecodingConfig()
         self.limit_inputs(self.max_positions, max_input_tokens)
@@ -323,9 +323,9 @@ class CT2Translator(TextTranslator):
         found = self.translator.translate_batch([sources[i][:-1] for i in order], **request)
         return {i: (res, request["length_penalty"]) for i, res in zip(order, found)}
 
-    def translate_nbest(self, sentences: list[str], return_attention: bool = False,
-                        prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
-                        tgt_lang: str | None = None, **options: Any) -> list[list[Translation]]:
+    def search_nbest(self, sentences: list[str], return_attention: bool = False,
+                     prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
+                     tgt_lang: str | None = None, **options: Any) -> list[list[Translation]]:
         """n-best translations per sentence (best first); empty input gives one empty translation.
         CTranslate2 decodes a batch in one call: should_stop is asked once, before it."""
         decoding = self._options(**options)

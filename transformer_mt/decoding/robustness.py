@@ -11,13 +11,14 @@ import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from transformer_mt.data.variants import CASES, TYPO_RATE, add_typos, drop_final_punct
+from transformer_mt.data.text_variants import CASES, TYPO_RATE, add_typos, drop_final_punct
 from transformer_mt.decoding.metrics import case_blind
 from transformer_mt.tables import markdown_table
 
 AS_WRITTEN = "as written"
 LABELS = {AS_WRITTEN: AS_WRITTEN, "caps": "ALL CAPS", "lower": "all lowercase",
-          "no_punct": "no final punctuation", "typos": f"typos ({TYPO_RATE:.0%} of longer words)"}
+          "no_punct": "no final punctuation", "typos": f"typos ({TYPO_RATE:.0%} of longer words)",
+          "caps_unfolded": "ALL CAPS, to the model as typed (decoding.all_caps=model)"}
 
 
 def varied_sources(sources: list[str], seed: int) -> dict[str, list[str]]:
@@ -39,13 +40,17 @@ class VariantScore:
     changed: int  # sentences the variant changed
 
 
-def robustness(translate: Callable[[list[str]], list[str]], sources: list[str], references: list[str],
-               seed: int) -> tuple[list[VariantScore], tuple[str, str]]:
+def robustness(translate: Callable[..., list[str]], sources: list[str], references: list[str],
+               seed: int, folded: bool = False) -> tuple[list[VariantScore], tuple[str, str]]:
     """Each variant's scores, and the BLEU and chrF signatures; `translate` maps sources to hypotheses
-    (one batch call per variant)."""
+    (one batch call per variant; decoding options as keywords). `folded`: the engine folds ALL CAPS
+    (decoding.all_caps=fold), and a last row shows what the model makes of the capitals themselves."""
     rows, written, signatures = [], None, ("", "")
-    for name, varied in varied_sources(sources, seed).items():
-        scores = case_blind(translate(varied), references)
+    inputs = {name: (varied, {}) for name, varied in varied_sources(sources, seed).items()}
+    if folded:
+        inputs["caps_unfolded"] = (inputs["caps"][0], {"all_caps": "model"})
+    for name, (varied, options) in inputs.items():
+        scores = case_blind(translate(varied, **options), references)
         bleu, chrf, signatures = scores.bleu, scores.chrf, (scores.bleu_signature, scores.chrf_signature)
         written = bleu if written is None else written
         changed = sum(v != s for v, s in zip(varied, sources, strict=True))

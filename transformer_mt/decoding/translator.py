@@ -27,6 +27,7 @@ import torch
 from transformer_mt.checkpoints.store import model_from_checkpoint
 from transformer_mt.config import DecodingConfig, DeviceConfig
 from transformer_mt.data import length_sorted_batches, pad_sources
+from transformer_mt.data.text_variants import is_all_caps, sentence_case
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Vocabulary
 from transformer_mt.decoding.alignment import source_words, target_words, word_alignment
 from transformer_mt.decoding.scoring import PairScore, forced_attention, score_pairs
@@ -172,7 +173,20 @@ class TextTranslator:
         """n-best translations per sentence (best first); with prefixes, each translation starts with
         its sentence's prefix (decoding.prefix gives one to all); into `tgt_lang` (None: the engine's).
         should_stop, asked as decoding goes (once per step where the engine can), ends it early with
-        `DecodingStopped` when it says True."""
+        `DecodingStopped` when it says True. With decoding.all_caps=fold, a sentence in ALL CAPS (and no
+        prefix) is translated in sentence case, and its translations upper-cased."""
+        decoding = self._options(**options)
+        fold = decoding.all_caps == "fold" and not decoding.prefix
+        folded = [fold and is_all_caps(s) and not (prefixes and prefixes[i]) for i, s in enumerate(sentences)]
+        texts = [sentence_case(s) if f else s for s, f in zip(sentences, folded)]
+        results = self.search_nbest(texts, return_attention, prefixes, should_stop, tgt_lang, **options)
+        return [[dataclasses.replace(t, text=t.text.upper()) for t in nbest] if f else nbest
+                for nbest, f in zip(results, folded)]
+
+    def search_nbest(self, sentences: list[str], return_attention: bool = False,
+                     prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
+                     tgt_lang: str | None = None, **options: Any) -> list[list[Translation]]:
+        """translate_nbest of the sentences as the model gets them: each engine's own search."""
         raise NotImplementedError
 
     def prefix_ids(self, sentences: list[str], prefixes: list[str] | None,
@@ -278,9 +292,9 @@ class Translator(TextTranslator):
         engine.tgt_lang = tgt_lang or engine.tgt_lang
         return engine
 
-    def translate_nbest(self, sentences: list[str], return_attention: bool = False,
-                        prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
-                        tgt_lang: str | None = None, **options: Any) -> list[list[Translation]]:
+    def search_nbest(self, sentences: list[str], return_attention: bool = False,
+                     prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
+                     tgt_lang: str | None = None, **options: Any) -> list[list[Translation]]:
         """n-best translations per sentence (best first); empty input gives one translation: its prefix
         (so every output starts with its prefix), else the empty string."""
         decoding = self._options(**options)

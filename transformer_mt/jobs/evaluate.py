@@ -88,8 +88,9 @@ def evaluate(cfg: EvaluateConfig) -> float:
     stem = f"{name}.{f'ensemble{members}' if members else checkpoint.stem}.{search}"
     text = "\n".join(hypotheses) + "\n"
     if cfg.robustness:  # the same sentences as people also type them (decoding/robustness.py)
-        rows, signatures = robustness.robustness(lambda s: hypotheses if s is sources else _best(engine, s),
-                                                 sources, references, cfg.seed)
+        rows, signatures = robustness.robustness(
+            lambda s, **o: hypotheses if s is sources and not o else _best(engine, s, **o), sources,
+            references, cfg.seed, folded=cfg.decoding.all_caps == "fold")
         report["robustness"] = robustness.report(rows, signatures, cfg.seed)
     atomic_write(out_dir / f"{stem}.hyp.txt", lambda f: f.write(text.encode("utf-8")))
     atomic_write(out_dir / f"{stem}.json", lambda f: f.write(json.dumps(report, indent=2).encode("utf-8")))
@@ -109,9 +110,9 @@ def evaluate(cfg: EvaluateConfig) -> float:
     return scores.bleu
 
 
-def _best(engine: Translator, sources: list[str]) -> list[str]:
-    """The best translation of each source."""
-    return [n[0].text for n in engine.translate_nbest(sources)]
+def _best(engine: Translator, sources: list[str], **options: Any) -> list[str]:
+    """The best translation of each source (with these decoding options)."""
+    return [n[0].text for n in engine.translate_nbest(sources, **options)]
 
 
 def _log_tensorboard(run_dir: Path, tag: str, scores: Scores, step: int) -> None:

@@ -44,6 +44,7 @@ def train(cfg: TrainConfig) -> float:
 def build_trainer(cfg: TrainConfig, run_dir: Path, overrides: Sequence[str] = (), job: int | None = None,
                   clock: Callable[[], float] = time.perf_counter) -> Trainer:
     """The run's Trainer: its start, then its plan applied to its config, decided once before training."""
+    cfg = planning.inputs(cfg, overrides)  # before the data: the tokenizer's sample shows them
     start = start_run(cfg, run_dir)
     cfg, plan = planning.settle(cfg, start, overrides)
     if plan is None:

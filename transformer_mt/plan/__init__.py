@@ -2,7 +2,7 @@
 A probe times the Trainer's own step and one validation (training/probe.py, validation_cost.py); the rules
 (rules.py) turn that and `training.max_minutes` into the settings you left open (decide.py). The plan
 (record.py) is logged, applied to the config the Trainer receives, kept in checkpoints and result.json,
-and reused by a resumed run."""
+and reused by a resumed run. The input variants are chosen first (`inputs`): the data depend on them."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import logging
 from collections.abc import Sequence
 
 from transformer_mt.config import TrainConfig
-from transformer_mt.plan.decide import chosen_by_you, make
+from transformer_mt.plan.decide import chosen_by_you, inputs, make
 from transformer_mt.plan.record import Plan
 from transformer_mt.training import distributed
 from transformer_mt.training.start import RunStart
 
-__all__ = ["Plan", "settle"]
+__all__ = ["Plan", "inputs", "settle"]
 log = logging.getLogger(__name__)
 
 

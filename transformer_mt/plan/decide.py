@@ -4,6 +4,7 @@ rule (rules.py), for the run's budget and corpus and the length of run they hold
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -13,7 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from transformer_mt.checkpoints.parameter_count import parameter_count
-from transformer_mt.config import ModelConfig, TrainConfig
+from transformer_mt.config import ModelConfig, TrainConfig, VariantsConfig
 from transformer_mt.config.overrides import named_keys
 from transformer_mt.config.typed import preset
 from transformer_mt.data import PreparedData, TokenBatchSampler
@@ -37,6 +38,7 @@ BATCH_SWEEP_SHARE = 0.6  # of the probe's time: no new batch size is measured af
 SHAPE_SHARE = 0.2  # of the probe's time after the sweep: the larger shape is measured if it ends in it
 TIMED_SIZES = 5  # the sweep's time is divided among this many sizes' timed steps (and their warm-up)
 UNTIL_THE_BUDGET = 1000  # training.epochs when the budget ends the run
+log = logging.getLogger(__name__)
 
 
 class PlannedBatch(NamedTuple):
@@ -94,6 +96,18 @@ def chosen_by_you(cfg: TrainConfig, overrides: Sequence[str]) -> set[str]:
     if "model" in named or cfg.init or yours & set(SHAPE):
         yours |= set(SHAPE)
     return yours
+
+
+def inputs(cfg: TrainConfig, overrides: Sequence[str]) -> TrainConfig:
+    """A planned run's input variants (rules.VARIANTS), before its data (the tokenizer's sample shows them),
+    unless you chose any: a dataset.variants key, or a config's or a mixed corpus's variants."""
+    named = any(key.startswith("dataset.variants") for key in named_keys(overrides))
+    if (cfg.training.plan != "auto" or named or cfg.dataset.variants != VariantsConfig()
+            or any(m.variants for m in cfg.dataset.mix)):
+        return cfg
+    log.info("plan: dataset.variants %s (as people type; dataset.variants.caps=0: none)", rules.VARIANTS)
+    variants = VariantsConfig(**rules.VARIANTS)
+    return dataclasses.replace(cfg, dataset=dataclasses.replace(cfg.dataset, variants=variants))
 
 
 def _get(cfg: Any, key: str) -> Any:
