@@ -72,6 +72,15 @@ def multi30k() -> Path:
     return MULTI30K
 
 
+def tatoeba_sample(corpus: Path, every: int, n: int) -> list[tuple[str, str]]:
+    """n (English, French) pairs of the Tatoeba zip, every `every`-th line: short and long alike."""
+    import zipfile
+
+    with zipfile.ZipFile(corpus) as z:
+        lines = z.read("fra.txt").decode("utf-8").splitlines()[::every][:n]
+    return [(fields[0], fields[1]) for fields in (line.split("\t") for line in lines)]
+
+
 @pytest.fixture(scope="session")
 def corpus() -> Path:
     """The real Tatoeba zip (tatoeba_corpus): tests needing it skip without it, or fail under CI."""

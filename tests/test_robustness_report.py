@@ -12,7 +12,7 @@ import sacrebleu
 
 import transformer_mt as tmt
 from transformer_mt.data import load_split_tsv
-from transformer_mt.data.text_variants import add_typos, drop_final_punct, is_all_caps, sentence_case
+from transformer_mt.data.text_variants import add_typos, drop_final_punct, one_case, sentence_case
 from transformer_mt.decoding.robustness import AS_WRITTEN, robustness, table, varied_sources
 from transformer_mt.decoding.translator import Translator
 
@@ -62,28 +62,29 @@ def test_evaluate_reports_each_variant(tiny_run_copy: Path, tiny_engine: Transla
     assert report["seed"] == 2 and "case:lc" in report["bleu_signature"]
     sources, references = load_split_tsv(tiny_run_copy / "split" / "test.tsv")
     varied = varied_sources(sources, seed=2)
-    assert [row["variant"] for row in report["variants"]][-1] == "caps_unfolded"  # decoding.all_caps=fold
-    for row in report["variants"]:
-        unfolded = row["variant"] == "caps_unfolded"
-        name, options = ("caps", {"all_caps": "model"}) if unfolded else (row["variant"], {})
+    assert [row["variant"] for row in report["variants"]][-2:] == ["caps_as_typed", "lower_as_typed"]
+    for row in report["variants"]:  # decoding.input_case=fold, then =model for the last two rows
+        name, typed = row["variant"].removesuffix("_as_typed"), row["variant"].endswith("_as_typed")
+        options = {"input_case": "model"} if typed else {}
         hypotheses = tiny_engine.translate(varied[name], beam_size=1, **options)
         assert (row["bleu"], row["chrf"]) == pytest.approx(_lowercased(hypotheses, references), abs=1e-9)
     assert "typos (15% of longer words)" in capsys.readouterr().out
 
 
-def test_all_caps_is_translated_in_sentence_case_and_its_translation_upper_cased(
+def test_one_case_input_is_translated_in_sentence_case_and_its_translation_written_in_that_case(
         tiny_engine: Translator) -> None:
-    """decoding.all_caps=fold against the same engine given the sentence-cased text by hand; `model`
-    against its own search of the capitals; a sentence with some lower case, or a prefix, is left as is."""
-    assert [is_all_caps(t) for t in ("HE IS SLEEPING.", "I.", "NASA is big", "OK!", "42")] == [
-        True, False, False, True, False]
+    """decoding.input_case=fold against the same engine given the sentence-cased text by hand; `model`
+    against its own search of the text as typed; a sentence in mixed case, or a prefix, is left as is."""
+    assert [one_case(t) for t in ("HE IS SLEEPING.", "I.", "NASA is big", "OK!", "42", "ok", "i", "Ok")] == [
+        "caps", None, None, "caps", None, "lower", None, None]
     assert sentence_case("WHERE IS THE STATION?") == "Where is the station?"
     assert sentence_case("« ÇA VA ? »") == "« Ça va ? »" and sentence_case("...") == "..."
-    shouted = [s.upper() for s in SOURCES]
-    by_hand = tiny_engine.translate([sentence_case(s) for s in shouted], beam_size=1)
-    assert tiny_engine.translate(shouted, beam_size=1) == [t.upper() for t in by_hand]
-    searched = [n[0].text for n in tiny_engine.search_nbest(shouted, beam_size=1)]
-    assert tiny_engine.translate(shouted, beam_size=1, all_caps="model") == searched
-    mixed = ["HE is sleeping.", shouted[0]]
+    for case, write in (("caps", str.upper), ("lower", str.lower)):
+        typed = [write(s) for s in SOURCES]
+        by_hand = tiny_engine.translate([sentence_case(s) for s in typed], beam_size=1)
+        assert tiny_engine.translate(typed, beam_size=1) == [write(t) for t in by_hand], case
+        searched = [n[0].text for n in tiny_engine.search_nbest(typed, beam_size=1)]
+        assert tiny_engine.translate(typed, beam_size=1, input_case="model") == searched
+    mixed = ["HE is sleeping.", SOURCES[0].upper()]
     assert tiny_engine.translate(mixed, beam_size=1, prefixes=["", "La"]) == [
         n[0].text for n in tiny_engine.search_nbest(mixed, beam_size=1, prefixes=["", "La"])]

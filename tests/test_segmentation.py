@@ -7,7 +7,6 @@ import collections
 import json
 import math
 import random
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ import pytest
 from tokenizers import Tokenizer
 
 import transformer_mt as tmt
-from tests.conftest import smoke_overrides, tiny_overrides
+from tests.conftest import smoke_overrides, tatoeba_sample, tiny_overrides
 from transformer_mt.config import ConfigError, TokenizerConfig
 from transformer_mt.data import EncodedSplit, Ragged
 from transformer_mt.data.epochs import TrainingEpochs
@@ -26,9 +25,7 @@ from transformer_mt.data.tokenizer import UNK_ID, Vocabulary, train_tokenizers
 @pytest.fixture(scope="module")
 def pairs(corpus: Path) -> list[tuple[str, str]]:
     """3,000 real Tatoeba pairs (every 40th line: short and long sentences alike)."""
-    with zipfile.ZipFile(corpus) as z:
-        lines = z.read("fra.txt").decode("utf-8").splitlines()[::40][:3000]
-    return [tuple(line.split("\t")[:2]) for line in lines]  # type: ignore[misc]
+    return tatoeba_sample(corpus, every=40, n=3000)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 import re
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 
 import transformer_mt as tmt
-from tests.conftest import smoke_overrides
+from tests.conftest import smoke_overrides, tatoeba_sample
 from transformer_mt.config import ConfigError, DatasetConfig, MixedCorpus, TokenizerConfig, VariantsConfig
 from transformer_mt.data import EncodedSplit, Ragged
 from transformer_mt.data.languages import prefixed
@@ -29,9 +28,7 @@ from transformer_mt.data.variants import CorpusVariants, InputVariants, build, d
 @pytest.fixture(scope="module")
 def pairs(corpus: Path) -> list[tuple[str, str]]:
     """2,000 real Tatoeba pairs (every 50th line)."""
-    with zipfile.ZipFile(corpus) as z:
-        lines = z.read("fra.txt").decode("utf-8").splitlines()[::50][:2000]
-    return [tuple(line.split("\t")[:2]) for line in lines]  # type: ignore[misc]
+    return tatoeba_sample(corpus, every=50, n=2000)
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "training.plan": ("off", "auto"),
     "split": ("test", "valid"),
     "engine": ("pytorch", "ctranslate2"),
-    "decoding.all_caps": ("fold", "model"),
+    "decoding.input_case": ("fold", "model"),
     "input_format": ("text", "tsv"),
     "output_format": ("tsv", "json"),
     "quantization": ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",

@@ -281,9 +281,9 @@ class DecodingConfig(SearchConfig):
     top_p: float = 1.0
     alignment: bool = False  # word alignments `0-0 1-2 ...` (source-target) of each translation, from
     alignment_layer: int = -1  # this decoder layer's cross-attention over heads (-1: last, -2: before)
-    # ALL CAPS input: `fold` translates it in sentence case and upper-cases the translation (a corpus
-    # shows the model few capitals); `model` gives the model the capitals as they are.
-    all_caps: str = "fold"
+    # Input in ALL CAPS or all lowercase: `fold` translates it in sentence case and writes the translation
+    # in the input's case (a corpus shows the model few such sentences); `model` gives it as typed.
+    input_case: str = "fold"
 
 
 def resolve_path(path: str | Path) -> Path:

@@ -48,9 +48,13 @@ CASES: dict[str, Callable[[str], str]] = {"caps": str.upper, "title": title_case
 NAMES = (*CASES, "no_punct", "typos")
 
 
-def is_all_caps(text: str) -> bool:
-    """Two letters or more, and every cased one upper-case ("HE IS SLEEPING.", not "I." nor "NASA is")."""
-    return text.isupper() and sum(c.isalpha() for c in text) >= 2
+def one_case(text: str) -> str | None:
+    """"caps" for a text in ALL CAPS, "lower" for one in lowercase (two letters or more, every cased one
+    in that case: "HE IS SLEEPING.", not "I." nor "NASA is"), else None: the input cases that carry no
+    sentence case for a model to read."""
+    if sum(c.isalpha() for c in text) < 2:
+        return None
+    return "caps" if text.isupper() else "lower" if text.islower() else None
 
 
 def sentence_case(text: str) -> str:

@@ -18,7 +18,8 @@ from transformer_mt.tables import markdown_table
 AS_WRITTEN = "as written"
 LABELS = {AS_WRITTEN: AS_WRITTEN, "caps": "ALL CAPS", "lower": "all lowercase",
           "no_punct": "no final punctuation", "typos": f"typos ({TYPO_RATE:.0%} of longer words)",
-          "caps_unfolded": "ALL CAPS, to the model as typed (decoding.all_caps=model)"}
+          "caps_as_typed": "ALL CAPS, to the model as typed (decoding.input_case=model)",
+          "lower_as_typed": "all lowercase, to the model as typed (decoding.input_case=model)"}
 
 
 def varied_sources(sources: list[str], seed: int) -> dict[str, list[str]]:
@@ -43,12 +44,12 @@ class VariantScore:
 def robustness(translate: Callable[..., list[str]], sources: list[str], references: list[str],
                seed: int, folded: bool = False) -> tuple[list[VariantScore], tuple[str, str]]:
     """Each variant's scores, and the BLEU and chrF signatures; `translate` maps sources to hypotheses
-    (one batch call per variant; decoding options as keywords). `folded`: the engine folds ALL CAPS
-    (decoding.all_caps=fold), and a last row shows what the model makes of the capitals themselves."""
+    (one batch call per variant; decoding options as keywords). `folded`: the engine folds ALL CAPS and
+    lowercase (decoding.input_case=fold), and two last rows show what the model makes of them as typed."""
     rows, written, signatures = [], None, ("", "")
     inputs = {name: (varied, {}) for name, varied in varied_sources(sources, seed).items()}
     if folded:
-        inputs["caps_unfolded"] = (inputs["caps"][0], {"all_caps": "model"})
+        inputs |= {f"{c}_as_typed": (inputs[c][0], {"input_case": "model"}) for c in ("caps", "lower")}
     for name, (varied, options) in inputs.items():
         scores = case_blind(translate(varied, **options), references)
         bleu, chrf, signatures = scores.bleu, scores.chrf, (scores.bleu_signature, scores.chrf_signature)

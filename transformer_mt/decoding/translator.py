@@ -27,7 +27,7 @@ import torch
 from transformer_mt.checkpoints.store import model_from_checkpoint
 from transformer_mt.config import DecodingConfig, DeviceConfig
 from transformer_mt.data import length_sorted_batches, pad_sources
-from transformer_mt.data.text_variants import is_all_caps, sentence_case
+from transformer_mt.data.text_variants import CASES, one_case, sentence_case
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Vocabulary
 from transformer_mt.decoding.alignment import source_words, target_words, word_alignment
 from transformer_mt.decoding.scoring import PairScore, forced_attention, score_pairs
@@ -173,15 +173,16 @@ class TextTranslator:
         """n-best translations per sentence (best first); with prefixes, each translation starts with
         its sentence's prefix (decoding.prefix gives one to all); into `tgt_lang` (None: the engine's).
         should_stop, asked as decoding goes (once per step where the engine can), ends it early with
-        `DecodingStopped` when it says True. With decoding.all_caps=fold, a sentence in ALL CAPS (and no
-        prefix) is translated in sentence case, and its translations upper-cased."""
+        `DecodingStopped` when it says True. With decoding.input_case=fold, a sentence in ALL CAPS or all
+        lowercase (and no prefix) is translated in sentence case, and its translations written in its case."""
         decoding = self._options(**options)
-        fold = decoding.all_caps == "fold" and not decoding.prefix
-        folded = [fold and is_all_caps(s) and not (prefixes and prefixes[i]) for i, s in enumerate(sentences)]
-        texts = [sentence_case(s) if f else s for s, f in zip(sentences, folded)]
+        fold = decoding.input_case == "fold" and not decoding.prefix
+        cases = [one_case(s) if fold and not (prefixes and prefixes[i]) else None
+                 for i, s in enumerate(sentences)]
+        texts = [sentence_case(s) if case else s for s, case in zip(sentences, cases)]
         results = self.search_nbest(texts, return_attention, prefixes, should_stop, tgt_lang, **options)
-        return [[dataclasses.replace(t, text=t.text.upper()) for t in nbest] if f else nbest
-                for nbest, f in zip(results, folded)]
+        return [[dataclasses.replace(t, text=CASES[case](t.text)) for t in nbest] if case else nbest
+                for nbest, case in zip(results, cases)]
 
     def search_nbest(self, sentences: list[str], return_attention: bool = False,
                      prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
