@@ -236,3 +236,15 @@ def test_translate_reads_a_gzip_input_as_every_other_command_does(tiny_run: Path
     text = Path(f"{packed}.out").read_text(encoding="utf-8")
     assert len(text.split("\n")) == len(SOURCES) + 1
     assert text == Path(f"{plain}.out").read_text(encoding="utf-8")
+
+
+def test_a_translation_holding_a_line_break_stays_on_its_line() -> None:
+    """A byte-level model can write a newline or carriage return: the output keeps one line per input
+    (n per input with n-best), and a tab inside a translation does not add a column."""
+    from transformer_mt.decoding.translator import Translation
+
+    broken = [Translation("Il dort.\nIl\r\nrêve\r.", -1.0), Translation("Il\tdort.", -2.0)]
+    assert translate_job.format_nbest(broken, 1, with_scores=False) == ["Il dort. Il rêve ."]
+    assert translate_job.format_nbest(broken, 2, with_scores=True) == ["1\t-1.0000\tIl dort. Il rêve .",
+                                                                       "2\t-2.0000\tIl dort."]
+    assert translate_job.format_nbest(broken[1:], 1, with_scores=False) == ["Il\tdort."]  # no columns: kept

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -28,6 +29,7 @@ from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.runtime.files import atomic_write
 
 log = logging.getLogger(__name__)
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")  # what ends a line of input (data.LINE_ENDS)
 T = TypeVar("T")
 CHUNK_LINES = 2000  # lines translated together: big enough to batch well, small enough to stream
 
@@ -46,9 +48,15 @@ def chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
 
 def format_nbest(nbest: list[Translation], n_best: int, with_scores: bool) -> list[str]:
     """Output lines for one input: the best, or n lines `rank<TAB>score<TAB>text` with n-best; with
-    decoding.alignment, each line ends in `<TAB>0-0 1-2 ...`."""
+    decoding.alignment, each line ends in `<TAB>0-0 1-2 ...`. A line break in a translation (a byte-level
+    model can write one) becomes a space, and so does a tab where the line has columns: one input, one
+    output line (or n)."""
+    columns = with_scores or n_best > 1 or nbest[0].alignment is not None
+
     def text(h: Translation) -> str:
-        return h.text if h.alignment is None else f"{h.text}\t{pharaoh(h.alignment)}"
+        flat = _LINE_BREAK.sub(" ", h.text)
+        flat = flat.replace("\t", " ") if columns else flat
+        return flat if h.alignment is None else f"{flat}\t{pharaoh(h.alignment)}"
 
     if n_best == 1:
         best = nbest[0]
