@@ -177,8 +177,8 @@ class TextTranslator:
         lowercase (and no prefix) is translated in sentence case, and its translations written in its case."""
         decoding = self._options(**options)
         fold = decoding.input_case == "fold" and not decoding.prefix
-        cases = [one_case(s) if fold and not (prefixes and prefixes[i]) else None
-                 for i, s in enumerate(sentences)]
+        forced = [bool(prefixes and i < len(prefixes) and prefixes[i]) for i in range(len(sentences))]
+        cases = [one_case(s) if fold and not f else None for s, f in zip(sentences, forced)]
         texts = [sentence_case(s) if case else s for s, case in zip(sentences, cases)]
         results = self.search_nbest(texts, return_attention, prefixes, should_stop, tgt_lang, **options)
         return [[dataclasses.replace(t, text=CASES[case](t.text)) for t in nbest] if case else nbest
