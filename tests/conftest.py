@@ -81,6 +81,19 @@ def tatoeba_sample(corpus: Path, every: int, n: int) -> list[tuple[str, str]]:
     return [(fields[0], fields[1]) for fields in (line.split("\t") for line in lines)]
 
 
+def encoded_split(vocab: Any, pairs: list[tuple[str, str]]) -> Any:
+    """The pairs encoded by `vocab` as an EncodedSplit, as data.encode holds a split."""
+    import numpy as np
+
+    from transformer_mt.data import EncodedSplit, Ragged
+
+    def ragged(ids: list[list[int]]) -> Ragged:
+        offsets = np.concatenate([[0], np.cumsum([len(s) for s in ids])])
+        return Ragged.from_offsets(np.array([i for s in ids for i in s], dtype=np.int32), offsets)
+    return EncodedSplit(ragged(vocab.encode_src([p[0] for p in pairs])),
+                        ragged(vocab.encode_tgt([p[1] for p in pairs])))
+
+
 @pytest.fixture(scope="session")
 def corpus() -> Path:
     """The real Tatoeba zip (tatoeba_corpus): tests needing it skip without it, or fail under CI."""

@@ -14,9 +14,8 @@ import pytest
 from tokenizers import Tokenizer
 
 import transformer_mt as tmt
-from tests.conftest import smoke_overrides, tatoeba_sample, tiny_overrides
+from tests.conftest import encoded_split, smoke_overrides, tatoeba_sample, tiny_overrides
 from transformer_mt.config import ConfigError, TokenizerConfig
-from transformer_mt.data import EncodedSplit, Ragged
 from transformer_mt.data.epochs import TrainingEpochs
 from transformer_mt.data.segmentation import BpeDropout, SubwordSampler, UnigramSampling
 from transformer_mt.data.tokenizer import UNK_ID, Vocabulary, train_tokenizers
@@ -41,14 +40,6 @@ def _spec(vocab: Vocabulary) -> dict:
 
 def _words(tok: Tokenizer, text: str) -> list[str]:
     return [w for w, _ in tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(text))]
-
-
-def _split(vocab: Vocabulary, pairs: list[tuple[str, str]]) -> EncodedSplit:
-    def ragged(ids: list[list[int]]) -> Ragged:
-        offsets = np.concatenate([[0], np.cumsum([len(s) for s in ids])])
-        return Ragged.from_offsets(np.array([i for s in ids for i in s], dtype=np.int32), offsets)
-    return EncodedSplit(ragged(vocab.encode_src([p[0] for p in pairs])),
-                        ragged(vocab.encode_tgt([p[1] for p in pairs])))
 
 
 def test_bpe_dropout_0_is_the_tokenizers_bpe(vocabs: dict[str, Vocabulary],
@@ -116,7 +107,7 @@ def test_an_epoch_is_resegmented_seeded_and_keeps_the_text(vocabs: dict[str, Voc
                                                            pairs: list[tuple[str, str]], kind: str,
                                                            setting: dict[str, float]) -> None:
     vocab, max_len = vocabs[kind], 40
-    split = _split(vocab, pairs)
+    split = encoded_split(vocab, pairs)
     sampler = SubwordSampler(vocab, TokenizerConfig(kind=kind, **setting), seed=7, max_len=max_len)
     first, again = sampler.resegment(split, epoch=3), sampler.resegment(split, epoch=3)
     other = SubwordSampler(vocab, TokenizerConfig(kind=kind, **setting), seed=7, max_len=max_len)

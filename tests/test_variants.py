@@ -11,13 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 import transformer_mt as tmt
-from tests.conftest import smoke_overrides, tatoeba_sample
+from tests.conftest import encoded_split, smoke_overrides, tatoeba_sample
 from transformer_mt.config import ConfigError, DatasetConfig, MixedCorpus, TokenizerConfig, VariantsConfig
-from transformer_mt.data import EncodedSplit, Ragged
+from transformer_mt.data import EncodedSplit
 from transformer_mt.data.languages import prefixed
 from transformer_mt.data.mixture import Mixture, Part
 from transformer_mt.data.text_variants import NAMES, add_typos, drop_final_punct, title_case, tokenizer_pairs
@@ -35,14 +34,6 @@ def pairs(corpus: Path) -> list[tuple[str, str]]:
 def vocab(pairs: list[tuple[str, str]]) -> Vocabulary:
     return train_tokenizers(TokenizerConfig(kind="bpe", vocab_size=1000), [p[0] for p in pairs],
                             [p[1] for p in pairs])
-
-
-def _split(vocab: Vocabulary, pairs: list[tuple[str, str]]) -> EncodedSplit:
-    def ragged(ids: list[list[int]]) -> Ragged:
-        offsets = np.concatenate([[0], np.cumsum([len(s) for s in ids])])
-        return Ragged.from_offsets(np.array([i for s in ids for i in s], dtype=np.int32), offsets)
-    return EncodedSplit(ragged(vocab.encode_src([p[0] for p in pairs])),
-                        ragged(vocab.encode_tgt([p[1] for p in pairs])))
 
 
 def _text(vocab: Vocabulary, split: EncodedSplit) -> list[tuple[str, str]]:
@@ -90,7 +81,7 @@ def test_draws_follow_their_probabilities_and_a_pair_shows_one_case_at_most() ->
 
 def test_only_the_drawn_pairs_change_and_only_as_their_variant(vocab: Vocabulary,
                                                                pairs: list[tuple[str, str]]) -> None:
-    split = _split(vocab, pairs)
+    split = encoded_split(vocab, pairs)
     original = _text(vocab, split)
     wanted = VariantsConfig(caps=0.5, no_punct=0.3)
     caps = InputVariants(vocab, [CorpusVariants(0, len(split), wanted, None)], seed=1, max_len=200)
@@ -111,7 +102,7 @@ def test_only_the_drawn_pairs_change_and_only_as_their_variant(vocab: Vocabulary
 
 
 def test_a_pair_too_long_once_varied_stays_as_it_was(vocab: Vocabulary, pairs: list[tuple[str, str]]) -> None:
-    split = _split(vocab, pairs[:200])
+    split = encoded_split(vocab, pairs[:200])
     longest = int(max(split.src_lens.max(), split.tgt_lens.max()))
     caps = InputVariants(vocab, [CorpusVariants(0, 200, VariantsConfig(caps=1.0), None)], 1, longest)
     varied, _ = caps.apply(split, 0)
@@ -123,7 +114,7 @@ def test_a_pair_too_long_once_varied_stays_as_it_was(vocab: Vocabulary, pairs: l
 def test_a_mixed_corpus_takes_its_own_variants_and_keeps_its_tag(vocab: Vocabulary,
                                                                  pairs: list[tuple[str, str]]) -> None:
     tagged = [(f"<bt> {s}", t) for s, t in pairs[100:200]]
-    split = _split(vocab, pairs[:100] + tagged)
+    split = encoded_split(vocab, pairs[:100] + tagged)
     cfg = DatasetConfig(variants=VariantsConfig(), mix=[MixedCorpus(path="bt.tsv", tag="<bt>",
                                                                    variants=VariantsConfig(caps=1.0))])
     mixture = Mixture((Part("first", 0, 100, 1.0), Part("bt", 100, 200, 1.0)), seed=1)
@@ -170,7 +161,7 @@ def test_a_source_keeps_its_language_token(pairs: list[tuple[str, str]]) -> None
     language."""
     vocab = train_tokenizers(TokenizerConfig(kind="bpe", vocab_size=600), [p[0] for p in pairs],
                              [p[1] for p in pairs], ["fr", "de"])
-    plain = _split(vocab, pairs[:100])
+    plain = encoded_split(vocab, pairs[:100])
     de = vocab.language_id("de")
     split = EncodedSplit(prefixed(plain.src_ids, de), plain.tgt_ids)
     caps = InputVariants(vocab, [CorpusVariants(0, 100, VariantsConfig(caps=1.0), None)], seed=1, max_len=200)
