@@ -25,3 +25,7 @@ class CheckpointError(UserError, ValueError):
 
 class TrainingError(UserError, RuntimeError):
     """Training cannot go on (diverged, out of memory); the message says what to change."""
+
+
+class ExportError(ConfigError):
+    """A model that a format cannot represent, or a model directory that cannot be loaded (one line)."""

@@ -33,17 +33,13 @@ from transformer_mt.config import DecodingConfig, ExportConfig, validate
 from transformer_mt.data.tokenizer import BOS, BOS_ID, EOS, EOS_ID, PAD_ID, UNK, UNK_ID, Vocabulary
 from transformer_mt.decoding.search import DecodingStopped, StopCheck, gnmt_penalty, max_output_length
 from transformer_mt.decoding.translator import TextTranslator, Translation
-from transformer_mt.errors import ConfigError
+from transformer_mt.errors import ConfigError, ExportError
 from transformer_mt.model import Transformer
 
 log = logging.getLogger(__name__)
 META_FILE = "transformer_mt.json"
 META_VERSION = 1
 _INSTALL = "pip install 'transformer-mt[ct2]'"
-
-
-class ExportError(ConfigError):
-    """A model or model directory that CTranslate2 cannot represent or load (one line)."""
 
 
 def _ctranslate2() -> Any:
