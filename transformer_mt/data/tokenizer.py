@@ -233,6 +233,12 @@ class Vocabulary:
                 "src": self.src.to_str(), "tgt": self.tgt.to_str()}
 
     @classmethod
+    def from_tokenizer(cls, tok: Tokenizer) -> Vocabulary:
+        """One tokenizer on both sides (a joint vocabulary), its kind read from it."""
+        tok.encode_special_tokens = True  # typed special-token text stays text (not serialised)
+        return cls(src=tok, tgt=tok, kind=_kind_of(tok))
+
+    @classmethod
     def from_json(cls, d: dict[str, str]) -> Vocabulary:
         """Inverse of to_json."""
         src = _load_str(d["src"])

@@ -145,8 +145,11 @@ def export_hf(checkpoint: str | Path, output_dir: Path, card: Any = None) -> Pat
         generation = generation_kwargs(decoding, model.config.max_positions)
         transformers.GenerationConfig(**generation).save_pretrained(str(tmp))
         tokenizer_files(vocab, model.config.max_positions, tmp)
+        run = state.get("config", {})
         meta = {"format": "hf", "architecture": architecture(model.config), "checkpoint": str(file),
                 "step": state.get("step"), "transformers_version": transformers.__version__,
+                "languages": {k: run.get("dataset", {}).get(k) for k in ("src_lang", "tgt_lang")},
+                "tokenizer": run.get("tokenizer", {}),
                 "decoding": {"max_len_a": decoding.max_len_a, "max_len_b": decoding.max_len_b,
                              "length_penalty": decoding.length_penalty},
                 "max_new_tokens": "min(floor(max_len_a * len(input_ids) + max_len_b), max_positions - 1) + 1"}
