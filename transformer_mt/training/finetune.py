@@ -24,6 +24,7 @@ from transformer_mt.checkpoints import check, header
 from transformer_mt.checkpoints.store import WEIGHTS, load_checkpoint, resolve_checkpoint, trained_weights
 from transformer_mt.config import CONFIG_DIR, ModelConfig, TokenizerConfig, TrainConfig
 from transformer_mt.errors import CheckpointError, ConfigError
+from transformer_mt.interop import hf_import
 from transformer_mt.model import Transformer
 from transformer_mt.training.ema import WeightAverage
 
@@ -36,8 +37,11 @@ _PLAIN = re.compile(r"^[A-Za-z_][\w.-]*$")
 
 
 def load_parent(init: str, mmap: bool = False) -> tuple[Path, dict[str, Any]]:
-    """(checkpoint file, state) of the parent: a file as given, a run directory's best checkpoint; its
-    model, tokenizer, weights and the config sections a fine-tuning run reads are checked first."""
+    """(checkpoint file, state) of the parent: a file as given, a run directory's best checkpoint, or a
+    Hugging Face directory (interop/hf_import.py); its model, tokenizer, weights and the config sections
+    a fine-tuning run reads are checked first."""
+    if hf_import.is_hf_dir(init):
+        return Path(init), hf_import.parent_state(init, {"src_lang": None, "tgt_lang": None})
     try:
         path = resolve_checkpoint(init)
         state = load_checkpoint(path, mmap=mmap)
@@ -113,9 +117,10 @@ def check_config(cfg: TrainConfig, state: dict[str, Any]) -> None:
                 for p in _contradictions(section, dataclasses.asdict(getattr(cfg, section)), parent)]
     saved = state["config"]["dataset"]
     pair, parent_pair = (cfg.dataset.src_lang, cfg.dataset.tgt_lang), (saved["src_lang"], saved["tgt_lang"])
-    # a parent of several target languages (data/languages.py) may be fine-tuned into any of them
+    # a parent of several target languages (data/languages.py) may be fine-tuned into any of them;
+    # a Hugging Face directory that does not say its languages (src_lang None) is taken at its word
     targets = [saved["tgt_lang"], *(corpus.get("tgt_lang") for corpus in saved.get("mix") or ())]
-    if pair[0] != parent_pair[0] or pair[1] not in targets:
+    if saved["src_lang"] is not None and (pair[0] != parent_pair[0] or pair[1] not in targets):
         problems.append(f"dataset.src_lang/tgt_lang {'->'.join(pair)} differs from the parent's "
                         f"{'->'.join(parent_pair)}")
     _refuse(str(cfg.init), problems)
