@@ -144,11 +144,12 @@ class ServeConfig(EngineConfig):
 
 @dataclass
 class ExportConfig:
-    """The `export` command: a checkpoint as a CTranslate2 model directory."""
+    """The `export` command: a checkpoint as a model directory of another toolkit."""
 
     checkpoint: str | None = None  # file, or a run directory (its best checkpoint)
-    quantization: str = "int8"  # int8 | int8_float32 | float32 | float16 ...
-    output_dir: str | None = None  # null: <run dir>/ct2-<quantization>
+    format: str = "ct2"  # ct2 (CTranslate2) | hf (Hugging Face Transformers)
+    quantization: str = "int8"  # format=ct2: int8 | int8_float32 | float32 | float16 ...
+    output_dir: str | None = None  # null: <run dir>/ct2-<quantization>, or <run dir>/<format>
     traceback: bool = False
 
 
