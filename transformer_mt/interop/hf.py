@@ -26,6 +26,7 @@ from tokenizers import processors
 from transformer_mt.checkpoints.store import model_from_checkpoint
 from transformer_mt.config import ConfigError, DecodingConfig, ModelConfig
 from transformer_mt.data.tokenizer import BOS, BOS_ID, EOS, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK, Vocabulary
+from transformer_mt.interop.card import write_card
 from transformer_mt.interop.files import META_FILE, ExportError, written_into
 from transformer_mt.interop.hf_weights import SIDES, to_hf
 from transformer_mt.model import Transformer
@@ -128,9 +129,9 @@ def tokenizer_files(vocab: Vocabulary, max_positions: int, directory: Path) -> N
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
-def export_hf(checkpoint: str | Path, output_dir: Path, card: Any = None) -> Path:
-    """Write a Hugging Face model directory for a checkpoint (file or run directory); return its path.
-    `card(state, directory)` writes the model card (card.py)."""
+def export_hf(checkpoint: str | Path, output_dir: Path) -> Path:
+    """Write a Hugging Face model directory for a checkpoint (file or run directory), with its model card
+    (card.py); return its path."""
     file, state, model, vocab = model_from_checkpoint(checkpoint)
     problems = refusals(model.config, vocab)
     if problems:
@@ -154,8 +155,7 @@ def export_hf(checkpoint: str | Path, output_dir: Path, card: Any = None) -> Pat
                              "length_penalty": decoding.length_penalty},
                 "max_new_tokens": "min(floor(max_len_a * len(input_ids) + max_len_b), max_positions - 1) + 1"}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        if card is not None:
-            card(state, tmp)
+        write_card(state, Path(file).parent, tmp, architecture(model.config), model.num_parameters())
     log.info("exported %s to %s (%s, transformers %s)", file, output_dir, architecture(model.config),
              transformers.__version__)
     return Path(output_dir)
