@@ -15,7 +15,8 @@ SIGNATURE = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
 def _state(**dataset: object) -> dict:
     return {"step": 1234, "overrides": ["experiment=tatoeba_cpu", "seed=2"],
             "config": {"dataset": {"name": "tatoeba", "src_lang": "en", "tgt_lang": "fr", **dataset},
-                       "model": {"d_model": 256, "encoder_layers": 3, "decoder_layers": 3, "max_positions": 128}}}
+                       "model": {"d_model": 256, "encoder_layers": 3, "decoder_layers": 3,
+                                 "max_positions": 128}}}
 
 
 def _front_matter(text: str) -> dict:

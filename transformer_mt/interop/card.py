@@ -30,9 +30,10 @@ class Corpus:
 
 
 CORPORA = {
-    "tatoeba": Corpus("Tatoeba", "cc-by-2.0", "sentence pairs of tatoeba.org as packaged by manythings.org/anki "
-                      "(CC-BY 2.0 France)"),
-    "opus_books": Corpus("OPUS Books", "other", "copyright-free books aligned by OPUS (see opus.nlpl.eu/Books)",
+    "tatoeba": Corpus("Tatoeba", "cc-by-2.0",
+                      "sentence pairs of tatoeba.org as packaged by manythings.org/anki (CC-BY 2.0 France)"),
+    "opus_books": Corpus("OPUS Books", "other",
+                         "copyright-free books aligned by OPUS (see opus.nlpl.eu/Books)",
                          "Helsinki-NLP/opus_books"),
 }
 
@@ -43,7 +44,8 @@ def corpus_of(dataset: dict[str, Any]) -> Corpus:
     if name in CORPORA:
         return CORPORA[name]
     if name == "hf" and dataset.get("hf_path"):
-        return Corpus(str(dataset["hf_path"]), "other", f"the dataset {dataset['hf_path']}", dataset["hf_path"])
+        hub = str(dataset["hf_path"])
+        return Corpus(hub, "other", f"the dataset {hub}", hub)
     files = [Path(str(dataset[k])).name for k in ("path", "src_path", "tgt_path") if dataset.get(k)]
     return Corpus("parallel text files", "other", "the files " + ", ".join(files) if files else "files")
 
@@ -72,7 +74,8 @@ def model_index(name: str, src: str, tgt: str, corpus: Corpus, records: list[dic
         metrics = [{"type": "bleu", "name": f"BLEU ({search})", "value": round(float(record["bleu"]), 2),
                     "args": {"signature": record.get("bleu_signature")}}]
         if isinstance(record.get("chrf"), (int, float)):
-            metrics.append({"type": "chrf", "name": f"chrF ({search})", "value": round(float(record["chrf"]), 2),
+            metrics.append({"type": "chrf", "name": f"chrF ({search})",
+                            "value": round(float(record["chrf"]), 2),
                             "args": {"signature": record.get("chrf_signature")}})
         results.append({"task": {"type": "translation", "name": f"Translation {src}-{tgt}"},
                         "dataset": dataset, "metrics": metrics})
@@ -86,8 +89,9 @@ def card_text(state: dict[str, Any], run_dir: Path, architecture: str, parameter
     src, tgt = dataset.get("src_lang", "src"), dataset.get("tgt_lang", "tgt")
     corpus, records = corpus_of(dataset), evaluations(run_dir)
     name = f"transformer-mt-{src}-{tgt}"
-    meta: dict[str, Any] = {"language": [src, tgt], "license": corpus.licence, "library_name": "transformers",
-                            "pipeline_tag": "translation", "tags": ["translation", "transformer-mt", architecture]}
+    meta: dict[str, Any] = {"language": [src, tgt], "license": corpus.licence,
+                            "library_name": "transformers", "pipeline_tag": "translation",
+                            "tags": ["translation", "transformer-mt", architecture]}
     if corpus.hub_id:
         meta["datasets"] = [corpus.hub_id]
     index = model_index(name, src, tgt, corpus, records)
@@ -120,7 +124,8 @@ def card_text(state: dict[str, Any], run_dir: Path, architecture: str, parameter
         lines += ["## Evaluation", "",
                   "On the run's own held-out split (no sentence of it occurs in training or validation):", "",
                   "| split | search | sentences | BLEU | chrF |", "|---|---|---:|---:|---:|", scores, "",
-                  f"Signatures: BLEU `{records[0].get('bleu_signature')}`, chrF `{records[0].get('chrf_signature')}`.",
+                  f"Signatures: BLEU `{records[0].get('bleu_signature')}`, "
+                  f"chrF `{records[0].get('chrf_signature')}`.",
                   ""]
     lines += ["## Limits", "",
               f"- Trained on {corpus.name} alone: expect worse translations far from its domain and style.",
@@ -131,6 +136,7 @@ def card_text(state: dict[str, Any], run_dir: Path, architecture: str, parameter
     return "\n".join(lines)
 
 
-def write_card(state: dict[str, Any], run_dir: Path, directory: Path, architecture: str, parameters: int) -> None:
+def write_card(state: dict[str, Any], run_dir: Path, directory: Path, architecture: str,
+               parameters: int) -> None:
     """Write `README.md` into an export directory."""
     (directory / CARD_FILE).write_text(card_text(state, run_dir, architecture, parameters), encoding="utf-8")

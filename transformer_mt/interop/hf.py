@@ -57,6 +57,9 @@ def refusals(c: ModelConfig, vocab: Vocabulary) -> list[str]:
     if not vocab.joint:
         found.append("separate source and target tokenizers (tokenizer.joint=false): a Hugging Face "
                      "directory holds one tokenizer.json")
+    if vocab.target_languages:
+        found.append(f"several target languages ({', '.join(vocab.target_languages)}): a Hugging Face "
+                     "tokenizer cannot put the language's token before each source")
     if c.norm_first and not c.tie_embeddings:
         found.append("model.tie_embeddings=false with pre-norm: Pegasus shares one embedding between its "
                      "encoder and decoder")

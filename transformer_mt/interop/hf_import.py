@@ -86,8 +86,12 @@ def parent_state(directory: str | Path, languages: dict[str, str]) -> dict[str, 
     config = model_config(directory, hf)
     vocab = vocabulary(directory)
     model = Transformer(config, vocab.src_vocab_size, vocab.tgt_vocab_size)
+    weights = _weights(directory)
+    bias = weights.get("final_logits_bias")
+    if bias is not None and bool(bias.abs().max() > 0):  # OPUS-MT's: Marian's output bias
+        raise _refuse(directory, "its output layer has a bias (final_logits_bias); ours has none")
     try:
-        from_hf(_weights(directory), model)
+        from_hf(weights, model)
     except KeyError as ex:
         raise _refuse(directory, f"its weights lack {ex.args[0]}") from None
     ours = directory / META_FILE
