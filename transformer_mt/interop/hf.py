@@ -132,9 +132,9 @@ def tokenizer_files(vocab: Vocabulary, max_positions: int, directory: Path) -> N
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
-def export_hf(checkpoint: str | Path, output_dir: Path) -> Path:
+def export_hf(checkpoint: str | Path, output_dir: Path, overwrite: bool = False) -> Path:
     """Write a Hugging Face model directory for a checkpoint (file or run directory), with its model card
-    (card.py); return its path."""
+    (card.py); return its path. An existing output_dir is replaced only with `overwrite`."""
     file, state, model, vocab = model_from_checkpoint(checkpoint)
     problems = refusals(model.config, vocab)
     if problems:
@@ -144,7 +144,7 @@ def export_hf(checkpoint: str | Path, output_dir: Path) -> Path:
     hf = hf_model(model, vocab)
     decoding = DecodingConfig(**{k: v for k, v in state.get("config", {}).get("decoding", {}).items()
                                  if k in DecodingConfig.__dataclass_fields__})
-    with written_into(Path(output_dir)) as tmp:
+    with written_into(Path(output_dir), overwrite) as tmp:
         hf.save_pretrained(str(tmp), safe_serialization=True)
         generation = generation_kwargs(decoding, model.config.max_positions)
         transformers.GenerationConfig(**generation).save_pretrained(str(tmp))

@@ -1,5 +1,5 @@
-"""The `export` job: a checkpoint as a CTranslate2 model directory (`transformer_mt.decoding.ct2`) or a
-Hugging Face Transformers one (`transformer_mt.interop.hf`)."""
+"""The `export` job: a checkpoint as a CTranslate2 model directory (`transformer_mt.decoding.ct2`), a
+Hugging Face Transformers one (`transformer_mt.interop.hf`), or that with its ONNX graphs (`interop.onnx`)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,11 @@ def export(cfg: ExportConfig) -> Path:
     if cfg.format == "hf":
         from transformer_mt.interop.hf import export_hf
 
-        path = export_hf(cfg.checkpoint, output_dir)
+        path = export_hf(cfg.checkpoint, output_dir, cfg.overwrite)
+    elif cfg.format == "onnx":
+        from transformer_mt.interop.onnx import export_onnx
+
+        path = export_onnx(cfg.checkpoint, output_dir, cfg.overwrite)
     else:
         from transformer_mt.decoding.ct2 import export_ctranslate2
 
