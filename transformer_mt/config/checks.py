@@ -31,7 +31,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "split": ("test", "valid"),
     "engine": ("pytorch", "ctranslate2"),
     "decoding.input_case": ("fold", "model"),
-    "format": ("ct2", "hf", "onnx"),
+    "format": ("ct2", "hf", "onnx", "web"),
     "input_format": ("text", "tsv"),
     "output_format": ("tsv", "json"),
     "quantization": ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",

@@ -147,7 +147,7 @@ class ExportConfig:
     """The `export` command: a checkpoint as a model directory of another toolkit."""
 
     checkpoint: str | None = None  # file, or a run directory (its best checkpoint)
-    format: str = "ct2"  # ct2 (CTranslate2) | hf (Hugging Face Transformers) | onnx (hf + ONNX graphs)
+    format: str = "ct2"  # ct2 (CTranslate2) | hf (Hugging Face) | onnx (hf + ONNX) | web (a page; npm)
     quantization: str = "int8"  # format=ct2: int8 | int8_float32 | float32 | float16 ...
     output_dir: str | None = None  # null: <run dir>/ct2-<quantization>, or <run dir>/<format>
     overwrite: bool = False  # replace an existing output_dir (an earlier export only)

@@ -1,5 +1,6 @@
 """The `export` job: a checkpoint as a CTranslate2 model directory (`transformer_mt.decoding.ct2`), a
-Hugging Face Transformers one (`transformer_mt.interop.hf`), or that with its ONNX graphs (`interop.onnx`)."""
+Hugging Face Transformers one (`transformer_mt.interop.hf`), that with its ONNX graphs (`interop.onnx`), or
+a page that translates in the browser (`interop.web`)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ def export(cfg: ExportConfig) -> Path:
         from transformer_mt.interop.onnx import export_onnx
 
         path = export_onnx(cfg.checkpoint, output_dir, cfg.overwrite)
+    elif cfg.format == "web":
+        from transformer_mt.interop.web import export_web
+
+        path = export_web(cfg.checkpoint, output_dir, cfg.overwrite)
     else:
         from transformer_mt.decoding.ct2 import export_ctranslate2
 

@@ -1,0 +1,121 @@
+"""`transformer-mt export format=web`: a static folder whose page translates in the browser, with no
+server beyond a static file server and no network: the ONNX export (onnx.py), Transformers.js and ONNX
+Runtime Web copied from their npm packages, and an `index.html`.
+
+    <output_dir>/index.html
+    <output_dir>/lib/transformers.min.js, ort-wasm-simd-threaded.asyncify.{mjs,wasm}
+    <output_dir>/models/model/...   (format=onnx's directory)
+
+    $ python -m http.server -d <output_dir>     # then open http://localhost:8000
+
+The packages are fetched once with `npm pack` (no install scripts run) into the user's cache, at the
+version pinned here and the ONNX Runtime Web version that Transformers.js itself pins. Transformers.js
+knows Marian but not Pegasus; it never rebuilds the network, it feeds the two graphs, so the page's copy
+of a pre-norm model's config names it `marian` (a line at export says so). Its tokenizer splits text as
+`tokenizers` does for our `bpe` and `char` vocabularies only: the others are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+from transformer_mt.checkpoints.paths import resolve_checkpoint
+from transformer_mt.checkpoints.store import load_checkpoint
+from transformer_mt.config import ConfigError
+from transformer_mt.interop.files import META_FILE, ExportError, refuse_existing, written_into
+from transformer_mt.interop.onnx import export_onnx
+
+log = logging.getLogger(__name__)
+TRANSFORMERS_JS = "4.3.1"  # @huggingface/transformers, the version the page is tested with
+ORT_FILES = ("ort-wasm-simd-threaded.asyncify.mjs", "ort-wasm-simd-threaded.asyncify.wasm")
+PAGE = Path(__file__).with_name("web_page.html")  # the page, with {title} and {settings} to fill
+WEB_TOKENIZERS = ("bpe", "char")
+
+
+def npm_package(spec: str, cache: Path) -> Path:
+    """The unpacked folder of an npm package (`name@version`), fetched with `npm pack` into `cache` once."""
+    folder = cache / spec.replace("/", "+")
+    if (folder / "package" / "package.json").is_file():
+        return folder / "package"
+    npm = shutil.which("npm")
+    if npm is None:
+        raise ConfigError("format=web needs npm to fetch Transformers.js: apt-get install npm")
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        done = subprocess.run([npm, "pack", spec, "--pack-destination", tmp, "--silent"], capture_output=True,
+                              text=True, check=False)
+        tarballs = list(Path(tmp).glob("*.tgz"))
+        if done.returncode != 0 or not tarballs:
+            reason = (done.stderr.strip().splitlines() or ["no tarball"])[-1]
+            raise ExportError(f"npm could not fetch {spec}: {reason}")
+        with tarfile.open(tarballs[0]) as tar:
+            tar.extractall(Path(tmp) / "unpacked", filter="data")
+        Path(tmp, "unpacked").rename(folder)
+    return folder / "package"
+
+
+def runtime_files(cache: Path) -> dict[str, Path]:
+    """Transformers.js's browser bundle and the ONNX Runtime Web files it loads, by the name the page
+    gives them."""
+    transformers = npm_package(f"@huggingface/transformers@{TRANSFORMERS_JS}", cache)
+    pinned = json.loads((transformers / "package.json").read_text(encoding="utf-8"))["dependencies"]
+    ort = npm_package(f"onnxruntime-web@{pinned['onnxruntime-web']}", cache)
+    files = {"transformers.min.js": transformers / "dist" / "transformers.min.js",
+             **{name: ort / "dist" / name for name in ORT_FILES}}
+    missing = [str(p) for p in files.values() if not p.is_file()]
+    if missing:
+        raise ExportError(f"the npm packages lack {', '.join(missing)}: their files moved in this version")
+    return files
+
+
+def page(title: str, settings: dict[str, object]) -> str:
+    """index.html: the page, with the model's length rule and languages."""
+    text = PAGE.read_text(encoding="utf-8")
+    return text.replace("{title}", title).replace("{settings}", json.dumps(settings))
+
+
+def export_web(checkpoint: str | Path, output_dir: Path, overwrite: bool = False,
+               cache: Path | None = None) -> Path:
+    """Write the static folder of a checkpoint; return its path (it appears whole or not at all)."""
+    output_dir = Path(output_dir)
+    refuse_existing(output_dir, overwrite)
+    kind = load_checkpoint(resolve_checkpoint(checkpoint)).get("config", {}).get("tokenizer", {}).get("kind")
+    if kind is not None and kind not in WEB_TOKENIZERS:
+        raise ExportError(f"tokenizer.kind={kind}: Transformers.js's tokenizer splits text otherwise than "
+                          f"ours for it, so the page would translate other tokens; train with "
+                          f"tokenizer.kind=bpe")
+    files = runtime_files(cache or Path.home() / ".cache" / "transformer-mt" / "npm")
+    parent = output_dir.expanduser().resolve().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".web-export.", dir=parent) as work:
+        model_dir = export_onnx(checkpoint, Path(work) / "model", overwrite=True)
+        meta = json.loads((model_dir / META_FILE).read_text(encoding="utf-8"))
+        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+        if config.get("model_type") == "pegasus":
+            log.info("Transformers.js has no 'pegasus' model type; the page runs this pre-norm model's ONNX "
+                     "graphs under its 'marian' seq2seq runner, which only feeds the graphs")
+            config.update(model_type="marian", architectures=["MarianMTModel"])
+            (model_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        with written_into(output_dir, overwrite) as tmp:
+            (tmp / "lib").mkdir()
+            for name, source in files.items():
+                shutil.copy2(source, tmp / "lib" / name)
+            (tmp / "models").mkdir()
+            shutil.move(model_dir, tmp / "models" / "model")
+            languages = meta.get("languages", {})
+            settings = {**meta.get("decoding", {}), "max_positions": config["max_position_embeddings"],
+                        "languages": languages}
+            title = f"{languages.get('src_lang') or '?'} → {languages.get('tgt_lang') or '?'}"
+            (tmp / "index.html").write_text(page(title, settings), encoding="utf-8")
+            (tmp / META_FILE).write_text(json.dumps({**meta, "format": "web",
+                                                     "transformers_js": TRANSFORMERS_JS}, indent=2) + "\n",
+                                         encoding="utf-8")
+    log.info("wrote %s: serve it with `python -m http.server -d %s` and open http://localhost:8000",
+             output_dir, output_dir)
+    return output_dir
