@@ -198,17 +198,20 @@ def test_translator_interface(post_norm: Path, tmp_path: Path) -> None:
     assert engine.truncated == 1
 
 
-def test_export_replaces_an_export_but_not_other_directories(post_norm: Path, tmp_path: Path) -> None:
+def test_export_replaces_an_export_only_when_asked(post_norm: Path, tmp_path: Path) -> None:
     target = tmp_path / "ct2"
     export_ctranslate2(post_norm, target, quantization="float32")
-    export_ctranslate2(post_norm, target, quantization="int8")  # atomic swap of a previous export
+    with pytest.raises(ExportError, match="exists; choose another output_dir, or overwrite=true"):
+        export_ctranslate2(post_norm, target, quantization="int8")
+    assert '"quantization": "float32"' in (target / "transformer_mt.json").read_text()
+    export_ctranslate2(post_norm, target, quantization="int8", overwrite=True)  # atomic swap
     assert '"quantization": "int8"' in (target / "transformer_mt.json").read_text()
     assert [p.name for p in tmp_path.iterdir()] == ["ct2"]  # no temporary directories left
     other = tmp_path / "notes"
     other.mkdir()
     (other / "keep.txt").write_text("mine")
-    with pytest.raises(ExportError, match="is not a CTranslate2 export"):
-        export_ctranslate2(post_norm, other)
+    with pytest.raises(ExportError, match="is not an export of transformer-mt"):
+        export_ctranslate2(post_norm, other, overwrite=True)
     assert (other / "keep.txt").read_text() == "mine"
     with pytest.raises(ConfigError, match="quantization='int4' is not allowed"):
         export_ctranslate2(post_norm, tmp_path / "x", quantization="int4")

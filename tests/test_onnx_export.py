@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import held_out_pairs, missing
 from transformer_mt.config import DecodingConfig
 from transformer_mt.decoding.translator import Translator
-from transformer_mt.interop.files import ExportError
+from transformer_mt.errors import ExportError
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("optimum.exporters.onnx")

@@ -19,9 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
-import shutil
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -35,9 +32,9 @@ from transformer_mt.decoding.search import DecodingStopped, StopCheck, gnmt_pena
 from transformer_mt.decoding.translator import TextTranslator, Translation
 from transformer_mt.errors import ConfigError, ExportError
 from transformer_mt.model import Transformer
+from transformer_mt.runtime.files import META_FILE, refuse_existing, written_into
 
 log = logging.getLogger(__name__)
-META_FILE = "transformer_mt.json"
 META_VERSION = 1
 _INSTALL = "pip install 'transformer-mt[ct2]'"
 
@@ -151,37 +148,23 @@ def build_spec(model: Transformer, vocab: Vocabulary) -> Any:
     return spec
 
 
-def _replace_dir(tmp: Path, output_dir: Path) -> None:
-    """Move a finished export into place; an earlier export there is replaced, anything else kept."""
-    if output_dir.exists():
-        if not output_dir.is_dir() or (any(output_dir.iterdir()) and not (output_dir / META_FILE).is_file()):
-            raise ExportError(f"{output_dir} exists and is not a CTranslate2 export; "
-                              "choose another output_dir")
-        old = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", suffix=".old", dir=output_dir.parent))
-        os.replace(output_dir, old / output_dir.name)
-        os.replace(tmp, output_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, output_dir)
-
-
-def export_ctranslate2(checkpoint: str | Path, output_dir: Path, quantization: str = "int8") -> Path:
-    """Write a CTranslate2 model directory for a checkpoint (file or run directory); return its path."""
+def export_ctranslate2(checkpoint: str | Path, output_dir: Path, quantization: str = "int8",
+                       overwrite: bool = False) -> Path:
+    """Write a CTranslate2 model directory for a checkpoint (file or run directory); return its path. An
+    existing output_dir is refused unless `overwrite` (and then only an earlier export is replaced)."""
     ct2 = _ctranslate2()
     validate(ExportConfig(checkpoint=str(checkpoint), quantization=quantization))
+    output_dir = Path(output_dir).expanduser().resolve()
+    refuse_existing(output_dir, overwrite)
     file, state, model, vocab = model_from_checkpoint(checkpoint)
     with torch.no_grad():
         spec = build_spec(model, vocab)
     spec.optimize(quantization=quantization)
-
-    output_dir = Path(output_dir).expanduser().resolve()
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", suffix=".tmp", dir=output_dir.parent))
-    try:
+    with written_into(output_dir, overwrite) as tmp:
         spec.save(str(tmp))
         vocab.save(tmp)
         meta = {
-            "format_version": META_VERSION,
+            "format": "ct2", "format_version": META_VERSION,
             "model_config": dataclasses.asdict(model.config),
             "checkpoint": str(file),
             "epoch": state.get("epoch"),
@@ -190,10 +173,6 @@ def export_ctranslate2(checkpoint: str | Path, output_dir: Path, quantization: s
             "tgt_lang": state.get("config", {}).get("dataset", {}).get("tgt_lang"),  # the default target
         }
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        _replace_dir(tmp, output_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log.info("exported %s to %s (CTranslate2 %s, %s)", file, output_dir, ct2.__version__, quantization)
     return output_dir
 

@@ -26,10 +26,11 @@ from tokenizers import processors
 from transformer_mt.checkpoints.store import model_from_checkpoint
 from transformer_mt.config import ConfigError, DecodingConfig, ModelConfig
 from transformer_mt.data.tokenizer import BOS, BOS_ID, EOS, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK, Vocabulary
+from transformer_mt.errors import ExportError
 from transformer_mt.interop.card import write_card
-from transformer_mt.interop.files import META_FILE, ExportError, written_into
 from transformer_mt.interop.hf_weights import SIDES, to_hf
 from transformer_mt.model import Transformer
+from transformer_mt.runtime.files import META_FILE, written_into
 
 log = logging.getLogger(__name__)
 INSTALL = "pip install 'transformer-mt[hf]'"

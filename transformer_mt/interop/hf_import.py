@@ -20,9 +20,9 @@ from tokenizers import Tokenizer
 from transformer_mt.config import ModelConfig, TokenizerConfig
 from transformer_mt.data.tokenizer import BOS_ID, SPECIAL_TOKENS, Vocabulary
 from transformer_mt.errors import CheckpointError
-from transformer_mt.interop.files import META_FILE
 from transformer_mt.interop.hf_weights import from_hf
 from transformer_mt.model import Transformer
+from transformer_mt.runtime.files import META_FILE
 
 FAMILIES = {"marian": False, "pegasus": True}  # model_type -> norm_first
 

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from transformer_mt.config import ConfigError
-from transformer_mt.interop.files import ExportError, refuse_existing, written_into
+from transformer_mt.errors import ExportError
 from transformer_mt.interop.hf import export_hf
+from transformer_mt.runtime.files import refuse_existing, written_into
 
 log = logging.getLogger(__name__)
 INSTALL = "pip install 'transformer-mt[onnx]'"

@@ -28,8 +28,9 @@ from pathlib import Path
 from transformer_mt.checkpoints.paths import resolve_checkpoint
 from transformer_mt.checkpoints.store import load_checkpoint
 from transformer_mt.config import ConfigError
-from transformer_mt.interop.files import META_FILE, ExportError, refuse_existing, written_into
+from transformer_mt.errors import ExportError
 from transformer_mt.interop.onnx import export_onnx
+from transformer_mt.runtime.files import META_FILE, refuse_existing, written_into
 
 log = logging.getLogger(__name__)
 TRANSFORMERS_JS = "4.3.1"  # @huggingface/transformers, the version the page is tested with

@@ -34,6 +34,6 @@ def export(cfg: ExportConfig) -> Path:
     else:
         from transformer_mt.decoding.ct2 import export_ctranslate2
 
-        path = export_ctranslate2(cfg.checkpoint, output_dir, cfg.quantization)
+        path = export_ctranslate2(cfg.checkpoint, output_dir, cfg.quantization, cfg.overwrite)
     print(path)
     return path

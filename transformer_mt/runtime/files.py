@@ -1,19 +1,21 @@
 """Files a run keeps: every one (checkpoints, caches, exports, reports) is written to a temporary name beside
-it, fsynced and renamed, so that a crash or a full disk never leaves half a file behind; and the space
-a run needs."""
+it, fsynced and renamed, so that a crash or a full disk never leaves half a file behind; an exported
+directory is written whole or not at all; and the space a run needs."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from transformer_mt.errors import ConfigError
+from transformer_mt.errors import ConfigError, ExportError
 
 TEMPORARY = ".tmp"  # the suffix of a file being written (.<name>.<random>.tmp): a kill leaves it behind
+META_FILE = "transformer_mt.json"  # in every exported directory: what it is and where it came from
 
 
 def _new_file_mode() -> int:
@@ -46,6 +48,40 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def refuse_existing(output_dir: Path, overwrite: bool) -> None:
+    """ExportError when output_dir exists and may not be replaced."""
+    if output_dir.expanduser().exists() and not overwrite:
+        raise ExportError(f"{output_dir} exists; choose another output_dir, or overwrite=true to replace it")
+
+
+@contextmanager
+def written_into(output_dir: Path, overwrite: bool = False) -> Iterator[Path]:
+    """A temporary directory beside output_dir to write an export into; moved into place when the block
+    ends, removed if it fails. An existing output_dir is refused unless `overwrite` (and then only an
+    earlier export, one with a META_FILE, never another directory): nothing is replaced by accident or
+    left half-written."""
+    output_dir = output_dir.expanduser().resolve()
+    refuse_existing(output_dir, overwrite)
+    if output_dir.exists() and (not output_dir.is_dir()
+                                or (any(output_dir.iterdir()) and not (output_dir / META_FILE).is_file())):
+        raise ExportError(f"{output_dir} exists and is not an export of transformer-mt; "
+                          "choose another output_dir")
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", suffix=TEMPORARY, dir=output_dir.parent))
+    try:
+        yield tmp
+        if output_dir.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", suffix=".old", dir=output_dir.parent))
+            os.replace(output_dir, old / output_dir.name)
+            os.replace(tmp, output_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, output_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def check_writable(run_dir: Path, min_free_mib: int) -> None:
