@@ -15,6 +15,7 @@ float32), inside the decoder's branches too (EnableSubgraph).
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import tempfile
@@ -24,7 +25,7 @@ from typing import Any
 from transformer_mt.config import ConfigError
 from transformer_mt.errors import ExportError
 from transformer_mt.interop.hf import export_hf
-from transformer_mt.runtime.files import refuse_existing, written_into
+from transformer_mt.runtime.files import META_FILE, refuse_existing, written_into
 
 log = logging.getLogger(__name__)
 INSTALL = "pip install 'transformer-mt[onnx]'"
@@ -72,6 +73,9 @@ def export_onnx(checkpoint: str | Path, output_dir: Path, overwrite: bool = Fals
         for name in GRAPHS:
             shutil.move(raw / f"{name}.onnx", graphs / f"{name}.onnx")
             quantize(graphs / f"{name}.onnx", graphs / f"{name}{QUANTIZED}.onnx")
+        meta = json.loads((hf_dir / META_FILE).read_text(encoding="utf-8"))
+        meta |= {"format": "onnx", "onnx": sorted(f"{ONNX_DIR}/{g.name}" for g in graphs.iterdir())}
+        (hf_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         return _moved(hf_dir, output_dir, overwrite)
 
 
