@@ -13,7 +13,7 @@ source .venv/bin/activate
 python -m pip install -q --upgrade pip
 # torch first and pinned: otherwise pip resolves `torch>=2.4` to a multi-GB CUDA build.
 python -m pip install -q "$TORCH_SPEC"
-python -m pip install -q -e ".[dev,ct2,hf,serve,sweep,slurm]"
+python -m pip install -q -e ".[dev,ct2,hf,onnx,serve,sweep,slurm]"
 
 # The Tatoeba corpus: copied from ../shared/data when it is there, otherwise downloaded once.
 mkdir -p data

@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 source .venv/bin/activate
 if [ ! -x "${TMT_CHROMIUM:-/usr/bin/chromium}" ]; then
-  echo "note: no ${TMT_CHROMIUM:-/usr/bin/chromium}, so the browser test is skipped; to run it: apt-get install chromium (Debian)"
+  echo "note: no ${TMT_CHROMIUM:-/usr/bin/chromium}, so the browser tests are skipped; to run them: apt-get install chromium (Debian)"
 fi
+command -v npm >/dev/null || echo "note: no npm, so the format=web tests are skipped; to run them: apt-get install npm (Debian)"
 ruff check transformer_mt tests scripts
 # One pytest-xdist worker per core (TMT_TEST_WORKERS=N to choose, 0 for none); a test file stays on one
 # worker, so that its module fixtures (a server, a prepared corpus) are built once.
