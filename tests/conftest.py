@@ -94,6 +94,55 @@ def encoded_split(vocab: Any, pairs: list[tuple[str, str]]) -> Any:
                         ragged(vocab.encode_tgt([p[1] for p in pairs])))
 
 
+def fitted_checkpoint(pairs: tuple[list[str], list[str]], directory: Path, steps: int,
+                      **model: Any) -> tuple[Path, Any]:
+    """A tiny model fitted for a few seconds so that its greedy outputs are real words (a BPE of 500),
+    saved with the checkpoint keys train.py writes (minus the optimizer state, which no reader of a
+    finished model needs): (the directory, the model)."""
+    import torch.nn.functional as F
+
+    from transformer_mt.checkpoints.store import build_model, model_spec, save_checkpoint
+    from transformer_mt.config import ModelConfig, TokenizerConfig
+    from transformer_mt.data import collate
+    from transformer_mt.data.tokenizer import PAD_ID, train_tokenizers
+
+    torch.manual_seed(0)
+    en, fr = pairs
+    vocab = train_tokenizers(TokenizerConfig(kind="bpe", vocab_size=500, min_frequency=2), en, fr)
+    shape = {"d_model": 64, "n_heads": 4, "d_ff": 128, "encoder_layers": 2, "decoder_layers": 2}
+    config = ModelConfig(**{**shape, "dropout": 0.0, "max_positions": 128, **model})
+    net = build_model(config, vocab)
+    src, tgt = vocab.encode_src(en), vocab.encode_tgt(fr)
+    optimizer = torch.optim.Adam(net.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        idx = torch.randint(0, len(src), (32,), generator=generator).tolist()
+        batch = collate([src[i] for i in idx], [tgt[i] for i in idx], PAD_ID)
+        loss = F.cross_entropy(net(batch.src, batch.tgt_in).flatten(0, 1), batch.tgt_out.flatten(),
+                               ignore_index=PAD_ID)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    net.eval()
+    directory.mkdir(parents=True, exist_ok=True)
+    save_checkpoint({"model_config": model_spec(net), "config": {}, "overrides": [],
+                     "tokenizer": vocab.to_json(), "model": net.state_dict(), "epoch": 1,
+                     "step": steps}, directory / "best.pt")
+    return directory, net
+
+
+@pytest.fixture(scope="module")
+def fit_pairs(corpus: Path) -> tuple[list[str], list[str]]:
+    """300 Tatoeba pairs, sampled across the corpus: what fitted_checkpoint trains on."""
+    from transformer_mt.config import DatasetConfig
+    from transformer_mt.data import load_pairs
+    from transformer_mt.data.cache import sample_indices
+
+    english, french = load_pairs(DatasetConfig(path=str(corpus), url=None))
+    keep = sample_indices(len(english), 300, 7).tolist()
+    return [english[i] for i in keep], [french[i] for i in keep]
+
+
 @pytest.fixture(scope="session")
 def corpus() -> Path:
     """The real Tatoeba zip (tatoeba_corpus): tests needing it skip without it, or fail under CI."""

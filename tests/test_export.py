@@ -9,24 +9,16 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import transformer_mt as tmt
-from transformer_mt.checkpoints.store import build_model, model_spec, save_checkpoint
+from tests.conftest import fitted_checkpoint
 from transformer_mt.config import (
     ConfigError,
-    DatasetConfig,
     DecodingConfig,
-    ModelConfig,
-    TokenizerConfig,
     TranslateConfig,
 )
-from transformer_mt.data import collate, load_pairs
-from transformer_mt.data.cache import sample_indices
-from transformer_mt.data.tokenizer import PAD_ID, train_tokenizers
 from transformer_mt.decoding.search import alignment
 from transformer_mt.decoding.translator import Translator
-from transformer_mt.model import Transformer
 
 pytest.importorskip("ctranslate2")
 
@@ -42,39 +34,8 @@ def float32_reference(run: Path, decoding: DecodingConfig) -> Translator:
 
 
 @pytest.fixture(scope="module")
-def pairs(corpus: Path) -> tuple[list[str], list[str]]:
-    english, french = load_pairs(DatasetConfig(path=str(corpus), url=None))
-    keep = sample_indices(len(english), N_PAIRS, 7).tolist()
-    return [english[i] for i in keep], [french[i] for i in keep]
-
-
-def _train(pairs: tuple[list[str], list[str]], directory: Path, steps: int,
-           **model: object) -> tuple[Path, Transformer]:
-    """A tiny model fitted for a few seconds so that its greedy outputs are real words, saved with
-    the checkpoint keys train.py writes (minus optimizer state, which export does not read)."""
-    torch.manual_seed(0)
-    en, fr = pairs
-    vocab = train_tokenizers(TokenizerConfig(kind="bpe", vocab_size=500, min_frequency=2), en, fr)
-    config = ModelConfig(d_model=64, n_heads=4, d_ff=128, encoder_layers=2, decoder_layers=2, dropout=0.0,
-                         max_positions=128, **model)  # type: ignore[arg-type]
-    net = build_model(config, vocab)
-    src, tgt = vocab.encode_src(en), vocab.encode_tgt(fr)
-    optimizer = torch.optim.Adam(net.parameters(), lr=3e-3)
-    generator = torch.Generator().manual_seed(0)
-    for _ in range(steps):
-        idx = torch.randint(0, len(src), (32,), generator=generator).tolist()
-        batch = collate([src[i] for i in idx], [tgt[i] for i in idx], PAD_ID)
-        loss = F.cross_entropy(net(batch.src, batch.tgt_in).flatten(0, 1), batch.tgt_out.flatten(),
-                               ignore_index=PAD_ID)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    net.eval()
-    directory.mkdir(parents=True, exist_ok=True)
-    save_checkpoint({"model_config": model_spec(net), "config": {}, "overrides": [],
-                     "tokenizer": vocab.to_json(), "model": net.state_dict(), "epoch": 1,
-                     "step": steps}, directory / "best.pt")
-    return directory, net
+def pairs(fit_pairs: tuple[list[str], list[str]]) -> tuple[list[str], list[str]]:
+    return fit_pairs
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -89,7 +50,7 @@ def one_thread() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def post_norm(pairs: tuple[list[str], list[str]], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default architecture: post-norm, ReLU, sinusoidal positions, tied embeddings."""
-    return _train(pairs, tmp_path_factory.mktemp("post"), steps=80)[0]
+    return fitted_checkpoint(pairs, tmp_path_factory.mktemp("post"), steps=80)[0]
 
 
 def _parity(run: Path, model_dir: Path, sentences: list[str],
@@ -126,7 +87,7 @@ def test_pre_norm_gelu_learned_untied_matches_pytorch(pairs: tuple[list[str], li
                                                       tmp_path: Path) -> None:
     """The other branches of the mapping: final LayerNorms, GELU, a learned position table and
     separate source/target embeddings."""
-    run, _ = _train(pairs, tmp_path / "run", steps=40, norm_first=True, activation="gelu",
+    run, _ = fitted_checkpoint(pairs, tmp_path / "run", steps=40, norm_first=True, activation="gelu",
                     positional="learned", tie_embeddings=False)
     model_dir = export_ctranslate2(run, tmp_path / "ct2", quantization="float32")
     sentences = pairs[0][:150]

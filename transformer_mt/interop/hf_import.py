@@ -25,6 +25,8 @@ from transformer_mt.model import Transformer
 from transformer_mt.runtime.files import META_FILE
 
 FAMILIES = {"marian": False, "pegasus": True}  # model_type -> norm_first
+REQUIRED = ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+            "encoder_ffn_dim", "max_position_embeddings")
 
 
 def is_hf_dir(path: str | Path) -> bool:
@@ -41,6 +43,9 @@ def model_config(directory: Path, hf: dict[str, Any]) -> ModelConfig:
     family = hf.get("model_type")
     if family not in FAMILIES:
         raise _refuse(directory, f"model_type {family!r} is not one of {', '.join(FAMILIES)}")
+    lacking = [key for key in REQUIRED if key not in hf]
+    if lacking:
+        raise _refuse(directory, f"its config.json lacks {', '.join(lacking)}")
     if (hf.get("encoder_attention_heads"), hf.get("encoder_ffn_dim")) != (hf.get("decoder_attention_heads"),
                                                                         hf.get("decoder_ffn_dim")):
         raise _refuse(directory, "its encoder and decoder differ in heads or FFN size; ours share them")
@@ -82,7 +87,12 @@ def parent_state(directory: str | Path, languages: dict[str, str]) -> dict[str, 
     """The directory as the state of a parent checkpoint (finetune.py reads it as it reads ours); its
     language pair as its transformer_mt.json says, else `languages` (a directory from elsewhere)."""
     directory = Path(directory)
-    hf = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    try:
+        hf = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as ex:
+        raise _refuse(directory, f"its config.json is not valid JSON ({ex})") from None
+    if not isinstance(hf, dict):
+        raise _refuse(directory, "its config.json is not valid JSON (not an object)")
     config = model_config(directory, hf)
     vocab = vocabulary(directory)
     model = Transformer(config, vocab.src_vocab_size, vocab.tgt_vocab_size)
@@ -105,12 +115,19 @@ def parent_state(directory: str | Path, languages: dict[str, str]) -> dict[str, 
 
 def _weights(directory: Path) -> dict[str, Any]:
     """model.safetensors (or pytorch_model.bin, read without code) as one state dict."""
-    if (directory / "model.safetensors").is_file():
-        from safetensors.torch import load_file
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        path = directory / name
+        if not path.is_file():
+            continue
+        try:
+            if name.endswith(".safetensors"):
+                from safetensors.torch import load_file
 
-        return load_file(str(directory / "model.safetensors"))
-    if (directory / "pytorch_model.bin").is_file():
-        import torch
+                return load_file(str(path))
+            import torch
 
-        return torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as ex:  # safetensors and torch raise their own kinds for a damaged file
+            first = (str(ex).strip().splitlines() or [type(ex).__name__])[0]
+            raise _refuse(directory, f"its {name} cannot be read ({first})") from None
     raise _refuse(directory, "no model.safetensors or pytorch_model.bin")
