@@ -29,8 +29,8 @@ from transformer_mt.tables import markdown_table
 SCRIPTS = ROOT / "scripts"
 # Every script (a file with a __main__ block) and the test below that runs it.
 TESTED = {"adaptation_study.py", "average_checkpoints.py", "back_translation.py", "benchmark.py",
-          "benchmark_data.py", "benchmark_decoding.py", "benchmark_serve.py", "plot_learning_curve.py",
-          "results_table.py", "stress_serve.py"}
+          "benchmark_data.py", "benchmark_decoding.py", "benchmark_export.py", "benchmark_serve.py",
+          "plot_learning_curve.py", "results_table.py", "stress_serve.py"}
 
 
 @pytest.fixture
@@ -126,6 +126,20 @@ def test_benchmark_decoding(script, tiny_run: Path, tmp_path: Path) -> None:
     for key in ("greedy_nocache_sent_s", "greedy_cache_sent_s", "beam5_sent_s", "cache_speedup",
                 "beam5_cost_vs_greedy"):
         assert r[key] > 0, key
+
+
+def test_benchmark_export(script, tiny_run: Path, tmp_path: Path) -> None:
+    """Every engine's speed, parity and BLEU, and each format's size, from one call (needs the extras)."""
+    pytest.importorskip("optimum.exporters.onnx")
+    pytest.importorskip("ctranslate2")
+    out = tmp_path / "export.json"
+    main = script("benchmark_export").main
+    assert main([str(tiny_run), "--sentences", "6", "--bleu-sentences", "6", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["sentences"] == 6 and len(r["speeds"]) == 8 and all(v > 0 for v in r["speeds"].values())
+    assert set(r["identical_to_ours_greedy"]) == set(script("benchmark_export").PARITY)
+    assert all(0 <= v <= 6 for v in r["identical_to_ours_greedy"].values())
+    assert len(r["bleu"]) == 5 and all(v > 0 for v in r["size_mb"].values())
 
 
 def test_benchmark_data(script, tmp_path: Path) -> None:

@@ -7,7 +7,8 @@ with our length rule, which `generate` lacks (transformer_mt.json holds it).
     >>> ExportedModel.load("onnx-model", runtime="onnx", int8=True).translate([...], num_beams=5)
 
 Greedy search picks the same tokens as ours (float32); beam search ranks finished hypotheses by
-sum / length^length_penalty, not GNMT's penalty, so its beams may differ from ours.
+sum / length^exponent, not GNMT's penalty: the exponent nearest to ours is passed for each sentence
+(`length_exponent`), and a few beams still end otherwise.
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ def length_limit(rule: dict[str, float], source_tokens: int, max_positions: int)
     """Our search's limit on output tokens before <eos> is forced (decoding/search.py's rule; the
     source's <eos> counted)."""
     return max(0, min(math.floor(rule["max_len_a"] * source_tokens + rule["max_len_b"]), max_positions - 1))
+
+
+def length_exponent(alpha: float, source_tokens: int) -> float:
+    """The exponent of `generate`'s length penalty (sum / length^exponent) that ranks finished hypotheses
+    nearest to our GNMT penalty ((5 + length) / 6)^alpha: GNMT's slope in log length, alpha * L / (5 + L),
+    at the length a translation is expected to have, the source's (as CTranslate2's engine does)."""
+    return alpha * source_tokens / (5 + source_tokens)
 
 
 @dataclass
@@ -81,9 +89,12 @@ class ExportedModel:
         with torch.inference_mode():
             for sentence in sentences:
                 inputs = self.tokenizer(sentence, return_tensors="pt")
-                limit = length_limit(self.rule, inputs["input_ids"].shape[1], self.max_positions)
-                ids = self.model.generate(**inputs, max_new_tokens=limit + 1, num_beams=num_beams,
-                                          do_sample=False, length_penalty=self.rule["length_penalty"])
+                n = inputs["input_ids"].shape[1]
+                beams: dict[str, Any] = {"num_beams": num_beams}
+                if num_beams > 1:  # greedy search has no length penalty (generate warns of one given)
+                    beams["length_penalty"] = length_exponent(self.rule["length_penalty"], n)
+                limit = length_limit(self.rule, n, self.max_positions)
+                ids = self.model.generate(**inputs, max_new_tokens=limit + 1, do_sample=False, **beams)
                 out.append(self.tokenizer.decode(ids[0], skip_special_tokens=True))
         return out
 

@@ -112,10 +112,11 @@ def generation_kwargs(decoding: DecodingConfig, max_positions: int) -> dict[str,
     """generation_config.json: ours as far as `generate` has it. <bos> starts; <pad> and <bos> never
     come out; <eos> is forced at the length limit. `generate` has no length rule of ours (a * source
     + b): each call passes max_new_tokens (transformer_mt.json says how); beam search divides by
-    length^length_penalty, not GNMT's ((5 + length) / 6)^alpha, so beams may rank otherwise."""
+    length^length_penalty, not GNMT's ((5 + length) / 6)^alpha, so beams may rank otherwise
+    (interop.generate passes the nearest exponent for each sentence)."""
     return dict(decoder_start_token_id=BOS_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
                 forced_eos_token_id=EOS_ID, suppress_tokens=[PAD_ID, BOS_ID], num_beams=decoding.beam_size,
-                early_stopping=False, max_length=max_positions + 1)
+                length_penalty=decoding.length_penalty, early_stopping=False, max_length=max_positions + 1)
 
 
 def tokenizer_files(vocab: Vocabulary, max_positions: int, directory: Path) -> None:
