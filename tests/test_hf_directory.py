@@ -6,6 +6,7 @@ tokenizer; what cannot go there or come back is refused in one line, nothing hal
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ from transformer_mt.errors import CheckpointError, ExportError
 pytest.importorskip("transformers")
 
 from transformer_mt.interop import hf_import  # noqa: E402
-from transformer_mt.interop.generate import ExportedModel  # noqa: E402
+from transformer_mt.interop.generate import ExportedModel, length_exponent  # noqa: E402
 from transformer_mt.interop.hf import export_hf  # noqa: E402
 
 ARCHITECTURES = {"marian": {}, "pegasus": {"norm_first": True, "activation": "gelu"}}
@@ -140,3 +141,21 @@ def test_a_foreign_or_corrupt_directory_is_refused_in_one_line(fitted: tuple[str
     with pytest.raises(CheckpointError, match=f"^init={directory}: .*{message}") as info:
         hf_import.parent_state(directory, {"src_lang": "en", "tgt_lang": "fr"})
     assert "\n" not in str(info.value)
+
+
+def test_generate_beam_search_mostly_ranks_as_ours(fitted: tuple[str, Path, Path],
+                                                   fit_pairs: tuple[list[str], list[str]]) -> None:
+    """Beam 5 under generate's length penalty with the exponent nearest GNMT's: the same 1-best on nearly
+    every sentence (a hypothesis finishing between the two penalties' rankings may differ)."""
+    _, run, exported = fitted
+    sources = fit_pairs[0][-40:]
+    ours = Translator.from_checkpoint(run, device="cpu", amp="off", decoding=DecodingConfig(beam_size=5))
+    expected = ours.translate(sources, input_case="model")
+    theirs = ExportedModel.load(exported).translate(sources, num_beams=5)
+    assert sum(a == b for a, b in zip(theirs, expected)) >= 36
+
+
+def test_the_length_exponent_has_gnmts_slope_at_the_source_length() -> None:
+    alpha, n, h = 0.6, 12, 1e-6
+    gnmt_slope = (alpha * math.log(5 + n * math.exp(h)) - alpha * math.log(5 + n)) / h  # d/d(log length)
+    assert length_exponent(alpha, n) == pytest.approx(gnmt_slope, rel=1e-4)
