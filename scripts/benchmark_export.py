@@ -50,6 +50,16 @@ def size_mb(*paths: Path) -> float:
     return sum(p.stat().st_size for p in paths) / 1e6
 
 
+def disk_sizes(run: Path, onnx_dir: Path, ct2_dir: Path) -> dict[str, float]:
+    """Megabytes on disk of each format's weights."""
+    graphs = ("encoder_model", "decoder_model_merged")
+    return {"ours (best.pt)": size_mb(run / "best.pt"),
+            "HF (model.safetensors)": size_mb(onnx_dir / "model.safetensors"),
+            "ONNX float32": size_mb(*(onnx_dir / "onnx" / f"{g}.onnx" for g in graphs)),
+            "ONNX int8": size_mb(*(onnx_dir / "onnx" / f"{g}_quantized.onnx" for g in graphs)),
+            "CTranslate2 int8": size_mb(ct2_dir / "model.bin")}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("checkpoint", help="a run directory (its split/test.tsv is read)")
@@ -103,13 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                 "ONNX Runtime float32 greedy": score(ort.translate(sources), refs),
                 "ONNX Runtime int8 greedy": score(ort8.translate(sources), refs),
                 "ours greedy": score(our(greedy, sources), refs)}
-        sizes = {"ours (best.pt)": size_mb(run / "best.pt"),
-                 "HF (model.safetensors)": size_mb(onnx_dir / "model.safetensors"),
-                 "ONNX float32": size_mb(*(onnx_dir / "onnx" / f"{g}.onnx"
-                                           for g in ("encoder_model", "decoder_model_merged"))),
-                 "ONNX int8": size_mb(*(onnx_dir / "onnx" / f"{g}_quantized.onnx"
-                                        for g in ("encoder_model", "decoder_model_merged"))),
-                 "CTranslate2 int8": size_mb(ct2_dir / "model.bin")}
+        sizes = disk_sizes(run, onnx_dir, ct2_dir)
         ort8.close()
     summary = {"machine": machine(), "checkpoint": str(run), "sentences": len(head),
                "test_pairs": len(sources),

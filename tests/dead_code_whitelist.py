@@ -33,6 +33,7 @@ _.add_source_bos
 _.add_source_eos
 _.layer_norm_epsilon
 _.pre_tokenizer
+_.post_processor  # the exported tokenizer.json ends each source with <eos> (interop/hf.py)
 _.normalizer
 _.encode_special_tokens
 # `data.load_pairs`: a corpus's pairs in memory, for notebooks and small corpora.

@@ -16,11 +16,13 @@ from typing import Any
 
 import yaml
 
+from transformer_mt.tables import markdown_table
+
 CARD_FILE = "README.md"
 
 
 @dataclass(frozen=True)
-class Corpus:
+class CorpusFacts:
     """What the card says of a training corpus."""
 
     name: str
@@ -30,24 +32,24 @@ class Corpus:
 
 
 CORPORA = {
-    "tatoeba": Corpus("Tatoeba", "cc-by-2.0",
+    "tatoeba": CorpusFacts("Tatoeba", "cc-by-2.0",
                       "sentence pairs of tatoeba.org as packaged by manythings.org/anki (CC-BY 2.0 France)"),
-    "opus_books": Corpus("OPUS Books", "other",
+    "opus_books": CorpusFacts("OPUS Books", "other",
                          "copyright-free books aligned by OPUS (see opus.nlpl.eu/Books)",
                          "Helsinki-NLP/opus_books"),
 }
 
 
-def corpus_of(dataset: dict[str, Any]) -> Corpus:
+def corpus_of(dataset: dict[str, Any]) -> CorpusFacts:
     """The corpus a run's dataset section names; files of the user's own say only their names."""
     name = dataset.get("name", "parallel")
     if name in CORPORA:
         return CORPORA[name]
     if name == "hf" and dataset.get("hf_path"):
         hub = str(dataset["hf_path"])
-        return Corpus(hub, "other", f"the dataset {hub}", hub)
+        return CorpusFacts(hub, "other", f"the dataset {hub}", hub)
     files = [Path(str(dataset[k])).name for k in ("path", "src_path", "tgt_path") if dataset.get(k)]
-    return Corpus("parallel text files", "other", "the files " + ", ".join(files) if files else "files")
+    return CorpusFacts("parallel text files", "other", "the files " + ", ".join(files) if files else "files")
 
 
 def evaluations(run_dir: Path) -> list[dict[str, Any]]:
@@ -63,7 +65,8 @@ def evaluations(run_dir: Path) -> list[dict[str, Any]]:
     return found
 
 
-def model_index(name: str, src: str, tgt: str, corpus: Corpus, records: list[dict[str, Any]]) -> list[dict]:
+def model_index(name: str, src: str, tgt: str, corpus: CorpusFacts,
+                records: list[dict[str, Any]]) -> list[dict]:
     """The Hub's `model-index`: one result per evaluated split and search, BLEU and chrF with signatures."""
     results = []
     for record in records:
@@ -99,8 +102,9 @@ def card_text(state: dict[str, Any], run_dir: Path, architecture: str, parameter
         meta["model-index"] = index
     command = " ".join(["transformer-mt train", *state.get("overrides", [])])
     model = config.get("model", {})
-    scores = "\n".join(f"| {r.get('set')} | {r.get('search')} | {r.get('n')} | {r['bleu']:.2f} | "
-                       f"{r.get('chrf', float('nan')):.2f} |" for r in records)
+    scores = markdown_table(["split", "search", "sentences", "BLEU", "chrF"],
+                            [[r.get("set"), r.get("search"), r.get("n"), f"{r['bleu']:.2f}",
+                              f"{r.get('chrf', float('nan')):.2f}"] for r in records], align="llrrr")
     lines = [
         "---", yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).rstrip(), "---", "",
         f"# {name}", "",
@@ -123,7 +127,7 @@ def card_text(state: dict[str, Any], run_dir: Path, architecture: str, parameter
     if records:
         lines += ["## Evaluation", "",
                   "On the run's own held-out split (no sentence of it occurs in training or validation):", "",
-                  "| split | search | sentences | BLEU | chrF |", "|---|---|---:|---:|---:|", scores, "",
+                  scores, "",
                   f"Signatures: BLEU `{records[0].get('bleu_signature')}`, "
                   f"chrF `{records[0].get('chrf_signature')}`.",
                   ""]

@@ -116,7 +116,9 @@ def generation_kwargs(decoding: DecodingConfig, max_positions: int) -> dict[str,
     (interop.generate passes the nearest exponent for each sentence)."""
     return dict(decoder_start_token_id=BOS_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
                 forced_eos_token_id=EOS_ID, suppress_tokens=[PAD_ID, BOS_ID], num_beams=decoding.beam_size,
-                length_penalty=decoding.length_penalty, early_stopping=False, max_length=max_positions + 1)
+                max_length=max_positions + 1,
+                **({"length_penalty": decoding.length_penalty, "early_stopping": False}
+                   if decoding.beam_size > 1 else {}))  # transformers refuses beam settings for greedy
 
 
 def tokenizer_files(vocab: Vocabulary, max_positions: int, directory: Path) -> None:
