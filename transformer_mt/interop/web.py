@@ -4,7 +4,7 @@ Runtime Web copied from their npm packages, and an `index.html`.
 
     <output_dir>/index.html
     <output_dir>/lib/transformers.min.js, ort-wasm-simd-threaded.asyncify.{mjs,wasm}
-    <output_dir>/models/model/...   (format=onnx's directory)
+    <output_dir>/models/model/...   (format=onnx's directory but its PyTorch weights)
 
     $ python -m http.server -d <output_dir>     # then open http://localhost:8000
 
@@ -109,6 +109,7 @@ def export_web(checkpoint: str | Path, output_dir: Path, overwrite: bool = False
                 shutil.copy2(source, tmp / "lib" / name)
             (tmp / "models").mkdir()
             shutil.move(model_dir, tmp / "models" / "model")
+            (tmp / "models" / "model" / "model.safetensors").unlink()  # the page reads the ONNX graphs only
             languages = meta.get("languages", {})
             settings = {**meta.get("decoding", {}), "max_positions": config["max_position_embeddings"],
                         "languages": languages}
