@@ -159,3 +159,27 @@ def test_the_length_exponent_has_gnmts_slope_at_the_source_length() -> None:
     alpha, n, h = 0.6, 12, 1e-6
     gnmt_slope = (alpha * math.log(5 + n * math.exp(h)) - alpha * math.log(5 + n)) / h  # d/d(log length)
     assert length_exponent(alpha, n) == pytest.approx(gnmt_slope, rel=1e-4)
+
+
+def test_the_command_line_exports_and_refuses_in_one_line(fitted: tuple[str, Path, Path], tmp_path: Path,
+                                                          run_cli_here) -> None:
+    """`transformer-mt export format=hf`: the directory's path on stdout; then the same output_dir again,
+    refused in one line (no traceback), the export untouched."""
+    _, run, _ = fitted
+    result = run_cli_here("export", f"checkpoint={run}", "format=hf", f"output_dir={tmp_path / 'hf'}")
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()).resolve() == (tmp_path / "hf").resolve()
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+    again = run_cli_here("export", f"checkpoint={run}", "format=hf", f"output_dir={tmp_path / 'hf'}")
+    assert again.returncode != 0 and "overwrite=true" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1, again.stderr
+
+
+def test_format_onnx_without_its_extra_names_how_to_install_it(fitted: tuple[str, Path, Path], tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformer_mt.interop.onnx import export_onnx
+
+    monkeypatch.setitem(sys.modules, "optimum.exporters.onnx", None)
+    with pytest.raises(ConfigError, match=r"pip install 'transformer-mt\[onnx\]'") as info:
+        export_onnx(fitted[1], tmp_path / "out")
+    assert "\n" not in str(info.value) and not (tmp_path / "out").exists()
