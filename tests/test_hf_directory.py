@@ -24,8 +24,9 @@ from transformer_mt.errors import CheckpointError, ExportError
 
 pytest.importorskip("transformers")
 
+from transformer_mt.decoding.search import gnmt_slope as length_exponent  # noqa: E402
 from transformer_mt.interop import hf_import  # noqa: E402
-from transformer_mt.interop.generate import ExportedModel, length_exponent  # noqa: E402
+from transformer_mt.interop.generate import ExportedModel  # noqa: E402
 from transformer_mt.interop.hf import export_hf  # noqa: E402
 
 ARCHITECTURES = {"marian": {}, "pegasus": {"norm_first": True, "activation": "gelu"}}
@@ -158,7 +159,7 @@ def test_generate_beam_search_mostly_ranks_as_ours(fitted: tuple[str, Path, Path
 def test_the_length_exponent_has_gnmts_slope_at_the_source_length() -> None:
     alpha, n, h = 0.6, 12, 1e-6
     gnmt_slope = (alpha * math.log(5 + n * math.exp(h)) - alpha * math.log(5 + n)) / h  # d/d(log length)
-    assert length_exponent(alpha, n) == pytest.approx(gnmt_slope, rel=1e-4)
+    assert length_exponent(n, alpha) == pytest.approx(gnmt_slope, rel=1e-4)
 
 
 def test_the_command_line_exports_and_refuses_in_one_line(fitted: tuple[str, Path, Path], tmp_path: Path,

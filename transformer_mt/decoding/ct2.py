@@ -28,7 +28,13 @@ import torch
 from transformer_mt.checkpoints.store import model_from_checkpoint
 from transformer_mt.config import DecodingConfig, ExportConfig, validate
 from transformer_mt.data.tokenizer import BOS, BOS_ID, EOS, EOS_ID, PAD_ID, UNK, UNK_ID, Vocabulary
-from transformer_mt.decoding.search import DecodingStopped, StopCheck, gnmt_penalty, max_output_length
+from transformer_mt.decoding.search import (
+    DecodingStopped,
+    StopCheck,
+    gnmt_penalty,
+    gnmt_slope,
+    max_output_length,
+)
 from transformer_mt.decoding.translator import TextTranslator, Translation
 from transformer_mt.errors import ConfigError, ExportError
 from transformer_mt.model import Transformer
@@ -240,8 +246,7 @@ class CT2Translator(TextTranslator):
         step (we re-rank them with the exact GNMT penalty): d ln lp / d ln L = alpha * L / (5 + L),
         taken at L = n_src + 1, the usual output length.
         """
-        length = n_src + 1
-        return alpha * length / (5.0 + length)
+        return gnmt_slope(n_src + 1, alpha)
 
     def _request(self, decoding: DecodingConfig, n_src: int, return_attention: bool,
                  suppress: bool) -> dict[str, Any]:

@@ -69,6 +69,13 @@ def gnmt_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
+def gnmt_slope(length: int, alpha: float) -> float:
+    """d ln lp / d ln L of the GNMT penalty at L = length: alpha * L / (5 + L). The exponent p of a
+    plain length penalty (score / L ** p, CTranslate2's and Hugging Face's) that ranks hypotheses of
+    about that length as GNMT does."""
+    return alpha * length / (5.0 + length)
+
+
 @dataclass(frozen=True)
 class Ends:
     """Where a sentence starts and ends: the special ids, and the length limit's a and b."""

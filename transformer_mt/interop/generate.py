@@ -8,35 +8,22 @@ with our length rule, which `generate` lacks (transformer_mt.json holds it).
 
 Greedy search picks the same tokens as ours (float32); beam search ranks finished hypotheses by
 sum / length^exponent, not GNMT's penalty: the exponent nearest to ours is passed for each sentence
-(`length_exponent`), and a few beams still end otherwise.
+(`decoding.search.gnmt_slope` at the source's length), and a few beams still end otherwise.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from transformer_mt.decoding.search import gnmt_slope, max_output_length
 from transformer_mt.runtime.files import META_FILE
 
 RUNTIMES = ("hf", "onnx")
-
-
-def length_limit(rule: dict[str, float], source_tokens: int, max_positions: int) -> int:
-    """Our search's limit on output tokens before <eos> is forced (decoding/search.py's rule; the
-    source's <eos> counted)."""
-    return max(0, min(math.floor(rule["max_len_a"] * source_tokens + rule["max_len_b"]), max_positions - 1))
-
-
-def length_exponent(alpha: float, source_tokens: int) -> float:
-    """The exponent of `generate`'s length penalty (sum / length^exponent) that ranks finished hypotheses
-    nearest to our GNMT penalty ((5 + length) / 6)^alpha: GNMT's slope in log length, alpha * L / (5 + L),
-    at the length a translation is expected to have, the source's (as CTranslate2's engine does)."""
-    return alpha * source_tokens / (5 + source_tokens)
 
 
 @dataclass
@@ -92,8 +79,9 @@ class ExportedModel:
                 n = inputs["input_ids"].shape[1]
                 beams: dict[str, Any] = {"num_beams": num_beams}
                 if num_beams > 1:  # greedy search has no length penalty (generate warns of one given)
-                    beams["length_penalty"] = length_exponent(self.rule["length_penalty"], n)
-                limit = length_limit(self.rule, n, self.max_positions)
+                    beams["length_penalty"] = gnmt_slope(n, self.rule["length_penalty"])
+                rule = self.rule
+                limit = max_output_length(n, rule["max_len_a"], rule["max_len_b"], self.max_positions)
                 ids = self.model.generate(**inputs, max_new_tokens=limit + 1, do_sample=False, **beams)
                 out.append(self.tokenizer.decode(ids[0], skip_special_tokens=True))
         return out
