@@ -88,3 +88,38 @@ def test_one_case_input_is_translated_in_sentence_case_and_its_translation_writt
     mixed = ["HE is sleeping.", SOURCES[0].upper()]
     assert tiny_engine.translate(mixed, beam_size=1, prefixes=["", "La"]) == [
         n[0].text for n in tiny_engine.search_nbest(mixed, beam_size=1, prefixes=["", "La"])]
+
+
+def test_a_deterministic_search_searches_each_distinct_text_once(tiny_engine: Translator,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A repeated line, and the ALL CAPS and lowercase forms that fold to it, are searched once and
+    translated as each alone; sampling draws each line anew."""
+    searched: list[list[str]] = []
+    search = tiny_engine.search_nbest
+
+    def recorded(texts: list[str], *args: object, **options: object) -> list:
+        searched.append(list(texts))
+        return search(texts, *args, **options)
+
+    typed = [SOURCES[0], SOURCES[0].upper(), SOURCES[0].lower(), SOURCES[1], SOURCES[0]]
+    monkeypatch.setattr(tiny_engine, "search_nbest", recorded)
+    together = tiny_engine.translate(typed, beam_size=2)
+    assert searched == [[SOURCES[0], SOURCES[1]]]
+    assert together == [tiny_engine.translate([text], beam_size=2)[0] for text in typed]
+    searched.clear()
+    tiny_engine.translate(typed, sampling=True, top_k=5)
+    assert searched == [[SOURCES[0], SOURCES[0], SOURCES[0], SOURCES[1], SOURCES[0]]]
+
+
+def test_the_report_asks_for_every_variant_in_one_call() -> None:
+    calls: list[tuple[int, dict]] = []
+
+    def copy(texts: list[str], **options: str) -> list[str]:
+        calls.append((len(texts), options))
+        return list(texts)
+
+    rows, _ = robustness(copy, SOURCES, SOURCES, seed=1, folded=True, written=list(SOURCES))
+    assert calls == [(4 * len(SOURCES), {}), (2 * len(SOURCES), {"input_case": "model"})]
+    assert [r.variant for r in rows] == [AS_WRITTEN, "caps", "lower", "no_punct", "typos", "caps_as_typed",
+                                         "lower_as_typed"]
+    assert rows[-2].changed == len(SOURCES) and rows[-2].share == pytest.approx(1.0)

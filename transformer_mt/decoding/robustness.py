@@ -42,21 +42,38 @@ class VariantScore:
 
 
 def robustness(translate: Callable[..., list[str]], sources: list[str], references: list[str],
-               seed: int, folded: bool = False) -> tuple[list[VariantScore], tuple[str, str]]:
+               seed: int, folded: bool = False, written: list[str] | None = None
+               ) -> tuple[list[VariantScore], tuple[str, str]]:
     """Each variant's scores, and the BLEU and chrF signatures; `translate` maps sources to hypotheses
-    (one batch call per variant; decoding options as keywords). `folded`: the engine folds ALL CAPS and
-    lowercase (decoding.input_case=fold), and two last rows show what the model makes of them as typed."""
-    rows, written, signatures = [], None, ("", "")
-    inputs = {name: (varied, {}) for name, varied in varied_sources(sources, seed).items()}
+    (decoding options as keywords), `written` are the hypotheses of the sources as written where the
+    caller has them. The variants go to `translate` in one call (an engine that searches a repeated text
+    once translates the ALL CAPS and lowercase forms that it folds to one text once). `folded`: the engine
+    folds ALL CAPS and lowercase (decoding.input_case=fold), and two last rows show what the model makes
+    of them as typed."""
+    varied = varied_sources(sources, seed)
+    hypotheses = {AS_WRITTEN: written if written is not None else translate(sources)}
+    hypotheses |= _in_one_call(translate, {name: varied[name] for name in varied if name != AS_WRITTEN})
     if folded:
-        inputs |= {f"{c}_as_typed": (inputs[c][0], {"input_case": "model"}) for c in ("caps", "lower")}
-    for name, (varied, options) in inputs.items():
-        scores = case_blind(translate(varied, **options), references)
+        typed = _in_one_call(translate, {c: varied[c] for c in ("caps", "lower")}, input_case="model")
+        hypotheses |= {f"{c}_as_typed": h for c, h in typed.items()}
+    rows, signatures = [], ("", "")
+    for name, hyps in hypotheses.items():
+        scores = case_blind(hyps, references)
         bleu, chrf, signatures = scores.bleu, scores.chrf, (scores.bleu_signature, scores.chrf_signature)
-        written = bleu if written is None else written
-        changed = sum(v != s for v, s in zip(varied, sources, strict=True))
-        rows.append(VariantScore(name, bleu, chrf, bleu / written if written else 0.0, changed))
+        written_bleu = rows[0].bleu if rows else bleu
+        changed = sum(v != s for v, s in zip(varied[name.removesuffix("_as_typed")], sources, strict=True))
+        rows.append(VariantScore(name, bleu, chrf, bleu / written_bleu if written_bleu else 0.0, changed))
     return rows, signatures
+
+
+def _in_one_call(translate: Callable[..., list[str]], inputs: dict[str, list[str]], **options: str
+                 ) -> dict[str, list[str]]:
+    """Each list of `inputs` translated, all in one call of `translate`."""
+    flat = translate([s for texts in inputs.values() for s in texts], **options)
+    out, at = {}, 0
+    for name, texts in inputs.items():
+        out[name], at = flat[at:at + len(texts)], at + len(texts)
+    return out
 
 
 def report(rows: list[VariantScore], signatures: tuple[str, str], seed: int) -> dict[str, object]:

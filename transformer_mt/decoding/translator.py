@@ -174,13 +174,19 @@ class TextTranslator:
         its sentence's prefix (decoding.prefix gives one to all); into `tgt_lang` (None: the engine's).
         should_stop, asked as decoding goes (once per step where the engine can), ends it early with
         `DecodingStopped` when it says True. With decoding.input_case=fold, a sentence in ALL CAPS or all
-        lowercase (and no prefix) is translated in sentence case, and its translations written in its case."""
+        lowercase (and no prefix) is translated in sentence case, and its translations written in its case.
+        A deterministic search (no sampling, no prefixes) searches each distinct text once: a file's
+        repeated lines, or the ALL CAPS and lowercase forms of one sentence, which fold to one text."""
         decoding = self._options(**options)
         fold = decoding.input_case == "fold" and not decoding.prefix
         forced = [bool(prefixes and i < len(prefixes) and prefixes[i]) for i in range(len(sentences))]
         cases = [one_case(s) if fold and not f else None for s, f in zip(sentences, forced)]
         texts = [sentence_case(s) if case else s for s, case in zip(sentences, cases)]
-        results = self.search_nbest(texts, return_attention, prefixes, should_stop, tgt_lang, **options)
+        distinct = list(dict.fromkeys(texts)) if prefixes is None and not decoding.sampling else texts
+        results = self.search_nbest(distinct, return_attention, prefixes, should_stop, tgt_lang, **options)
+        if distinct is not texts:
+            at = {text: i for i, text in enumerate(distinct)}
+            results = [list(results[at[text]]) for text in texts]
         return [[dataclasses.replace(t, text=CASES[case](t.text)) for t in nbest] if case else nbest
                 for nbest, case in zip(results, cases)]
 

@@ -89,8 +89,8 @@ def evaluate(cfg: EvaluateConfig) -> float:
     text = "\n".join(hypotheses) + "\n"
     if cfg.robustness:  # the same sentences as people also type them (decoding/robustness.py)
         rows, signatures = robustness.robustness(
-            lambda s, **o: hypotheses if s is sources and not o else _best(engine, s, **o), sources,
-            references, cfg.seed, folded=cfg.decoding.input_case == "fold")
+            lambda s, **o: _best(engine, s, **o), sources, references, cfg.seed,
+            folded=cfg.decoding.input_case == "fold", written=hypotheses)
         report["robustness"] = robustness.report(rows, signatures, cfg.seed)
     atomic_write(out_dir / f"{stem}.hyp.txt", lambda f: f.write(text.encode("utf-8")))
     atomic_write(out_dir / f"{stem}.json", lambda f: f.write(json.dumps(report, indent=2).encode("utf-8")))
