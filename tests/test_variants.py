@@ -17,6 +17,8 @@ import transformer_mt as tmt
 from tests.conftest import encoded_split, smoke_overrides, tatoeba_sample
 from transformer_mt.config import ConfigError, DatasetConfig, MixedCorpus, TokenizerConfig, VariantsConfig
 from transformer_mt.data import EncodedSplit
+from transformer_mt.data.ahead import EpochsAhead
+from transformer_mt.data.epochs import TrainingEpochs
 from transformer_mt.data.languages import prefixed
 from transformer_mt.data.mixture import Mixture, Part
 from transformer_mt.data.text_variants import NAMES, add_typos, drop_final_punct, title_case, tokenizer_pairs
@@ -199,3 +201,47 @@ def test_the_data_cache_is_keyed_by_the_case_variants_alone() -> None:
     plain = cache_key(DatasetConfig(), tok, files)
     assert cache_key(DatasetConfig(variants=VariantsConfig(typos=0.1, no_punct=0.1)), tok, files) == plain
     assert cache_key(DatasetConfig(variants=VariantsConfig(caps=0.1)), tok, files) != plain
+
+
+def test_epochs_built_ahead_are_the_epochs_built_in_turn(vocab: Vocabulary, pairs: list[tuple[str, str]],
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """On a GPU the next epoch's variants are drawn in a worker process while one trains: the same
+    pairs, batches and log lines as drawn in turn, also for an epoch asked out of turn (a resume)."""
+    split = encoded_split(vocab, pairs)
+    wanted = VariantsConfig(caps=0.1, lower=0.1, no_punct=0.2, typos=0.5)
+    asked = (0, 1, 2, 5, 6)
+
+    def epochs(ahead: bool) -> TrainingEpochs:
+        variants = InputVariants(vocab, [CorpusVariants(0, len(split), wanted, None)], seed=3, max_len=200)
+        return TrainingEpochs(split, 600, seed=3, variants=variants, ahead=ahead)
+
+    def run(made: TrainingEpochs) -> tuple[list[tuple[EncodedSplit, Any]], list[str]]:
+        caplog.clear()
+        with caplog.at_level("INFO", logger="transformer_mt.data.epochs"):
+            got = [made(e) for e in asked]
+        made.close()
+        return got, [r.getMessage() for r in caplog.records]
+
+    (expected, expected_log), (got, got_log) = run(epochs(False)), run(epochs(True))
+    for (a, a_batches), (b, b_batches), e in zip(expected, got, asked, strict=True):
+        assert a.src_ids.tolist() == b.src_ids.tolist() and a.tgt_ids.tolist() == b.tgt_ids.tolist()
+        assert a_batches.batches(e) == b_batches.batches(e)
+    built_ahead = [m for m in got_log if "built while the one before trained" in m]
+    assert [m for m in got_log if m not in built_ahead] == expected_log
+    assert len(expected_log) == 2 * len(asked)
+    # epoch 6 (index 5) was asked out of turn: built there, as a resumed run's first epoch is
+    assert [m.split(":")[0] for m in built_ahead] == ["epoch 2", "epoch 3", "epoch 7"]
+
+
+def _fails(epoch: int, say: Callable[..., None]) -> None:
+    raise OSError(f"epoch {epoch + 1}: the disk went away")
+
+
+def test_an_epoch_that_fails_in_the_worker_fails_where_it_is_asked_for() -> None:
+    ahead = EpochsAhead(_fails)
+    ahead.start(4)
+    assert ahead.take(3) is None  # not the epoch started: built in turn instead
+    ahead.start(4)
+    with pytest.raises(OSError, match="epoch 5: the disk went away"):
+        ahead.take(4)
+    ahead.close()

@@ -4,4 +4,5 @@ import sys
 
 from transformer_mt.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # (not in a worker process spawned from it: data/ahead.py)
+    sys.exit(main())

@@ -5,7 +5,8 @@ With variants (`dataset.variants`) some pairs are first written as people type (
 subword regularisation (`tokenizer.dropout`, `tokenizer.alpha`) the pairs are then segmented anew for
 the epoch (segmentation.py); the batches follow their new lengths. With several corpora
 (`dataset.mix`), the epoch holds the rows their weights draw for it (mixture.py). The batch size is the
-run's, fixed before training starts.
+run's, fixed before training starts. On a GPU (`ahead=True`) the next epoch is built in a worker
+process while one trains (ahead.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
+from transformer_mt.data.ahead import EpochsAhead
 from transformer_mt.data.batching import Batch, TokenBatchSampler
 from transformer_mt.data.encode import EncodedSplit
 from transformer_mt.data.mixture import Mixture
@@ -25,11 +28,13 @@ log = logging.getLogger(__name__)
 
 class TrainingEpochs:
     """The split and batch sampler of any epoch; the latest epoch's are kept, since a mid-epoch
-    validation or a resume asks for them again."""
+    validation or a resume asks for them again. `ahead`: build the epoch after the one asked for in a
+    worker process (for a GPU, whose host would otherwise keep it waiting); `close` ends the worker."""
 
     def __init__(self, train: EncodedSplit, batch_tokens: int, seed: int,
                  subwords: SubwordSampler | None = None, pad_to_multiple: int = 1,
-                 mixture: Mixture | None = None, variants: InputVariants | None = None) -> None:
+                 mixture: Mixture | None = None, variants: InputVariants | None = None,
+                 ahead: bool = False) -> None:
         self.train, self.batch_tokens, self.seed = train, batch_tokens, seed
         self.subwords = subwords
         self.pad_to_multiple = pad_to_multiple  # batch lengths and row counts (batching.py)
@@ -37,13 +42,37 @@ class TrainingEpochs:
         self._varies = (subwords is not None or variants is not None
                         or (mixture is not None and mixture.varies))
         self._latest: tuple[int, EncodedSplit, TokenBatchSampler] | None = None
+        self._ahead = EpochsAhead(self._build) if ahead and self._varies else None
 
     def __call__(self, epoch: int) -> tuple[EncodedSplit, TokenBatchSampler]:
         """(pairs, sampler) of `epoch`: the sampler's batches(epoch, ...) index the pairs."""
         if self._stale(epoch):
-            self._latest = (epoch, *self._build(epoch, log.info))
+            self._latest = (epoch, *self._take(epoch))
+            if self._ahead is not None:
+                self._ahead.start(epoch + 1)
         assert self._latest is not None
         return self._latest[1], self._latest[2]
+
+    def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What the worker gets: what builds epochs, without the epoch kept or the worker itself."""
+        return {**self.__dict__, "_latest": None, "_ahead": None}
+
+    def _take(self, epoch: int) -> tuple[EncodedSplit, TokenBatchSampler]:
+        """`epoch` as the worker built it, its log lines said now, or else built here."""
+        started = time.perf_counter()
+        ready = self._ahead.take(epoch) if self._ahead is not None else None
+        if ready is None:
+            return self._build(epoch, log.info)
+        built, said = ready
+        for line in said:
+            log.info(*line)
+        log.info("epoch %d: built while the one before trained (waited %.1fs for it)", epoch + 1,
+                 time.perf_counter() - started)
+        return built
 
     def _stale(self, epoch: int) -> bool:
         """Whether `epoch`'s pairs or batches differ from the latest epoch's kept."""

@@ -68,7 +68,7 @@ class Trainer:
         pad = pad_to_multiple(t.pad_to_multiple, self.device, cfg.device.compile)
         variants = input_variants(self.vocab, cfg.dataset, self.data.mixture, cfg.seed, len(self.data.train))
         self.epochs = TrainingEpochs(self.data.train, t.batch_tokens, cfg.seed, subwords, pad,
-                                     self.data.mixture, variants)
+                                     self.data.mixture, variants, ahead=self.device.type != "cpu")
         self.clock = TrainingClock(t.max_minutes, spent_s, clock)  # before the schedule
         # This rank's batches per epoch: epoch 0's even when resuming (re-segmented or re-drawn epochs differ)
         self.epoch_batches = self.epochs(0)[1].num_batches(self.world.size)
@@ -138,6 +138,7 @@ class Trainer:
                 reason = self.train_epoch()
                 if reason != INTERRUPTED and not self.validated_at_step:  # the epoch's end, or a stop
                     reason = self._validate_and_save() or reason
+        self.epochs.close()
         if reason == INTERRUPTED:
             self._save(tag="interrupt")
             log.warning("stopped; continue with: transformer-mt train resume=%s", self.run_dir)
