@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import os
+import pickle
 import subprocess
 import sys
 import urllib.error
@@ -779,3 +780,22 @@ def test_ragged() -> None:
     assert [a.tolist() for a in r] == seqs
     with pytest.raises(IndexError):
         r[4]
+
+
+def test_a_memory_mapped_ragged_pickles_as_its_file(tmp_path: Path) -> None:
+    """A worker process that gets a memory-mapped split maps the file itself (a copy of a corpus of GBs
+    would double the memory it needs): the pickle names the file, and unpickled it reads the same ids.
+    A view of a map, or ids in memory, travel as ids."""
+    ids = np.arange(10_000, dtype=np.int32)
+    ids.tofile(tmp_path / "train.bin")
+    offsets = np.array([0, 3, 3, 9_000, 10_000])
+    mapped = Ragged.from_offsets(np.memmap(tmp_path / "train.bin", dtype=np.int32, mode="r"), offsets)
+    sent = pickle.dumps(mapped.take([3, 0]))
+    assert len(sent) < 1_000
+    back = pickle.loads(sent)
+    assert isinstance(back.flat, np.memmap) and Path(back.flat.filename) == tmp_path / "train.bin"
+    assert back.tolist() == mapped.take([3, 0]).tolist()
+    view = Ragged(mapped.flat[1:], offsets[:-1], offsets[1:] - 1)
+    for in_memory in (Ragged.from_offsets(ids, offsets), view):
+        assert len(pickle.dumps(in_memory)) > ids.nbytes
+        assert pickle.loads(pickle.dumps(in_memory)).tolist() == in_memory.tolist()

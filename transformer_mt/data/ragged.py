@@ -2,11 +2,12 @@
 
 The flat array may be memory-mapped from a cache file: selecting, reordering and cutting sequences
 only changes the start and end arrays, never the ids, so a training split larger than memory is used
-in place.
+in place, and a worker process that gets the split maps the same file rather than a copy of it.
 """
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -45,6 +46,14 @@ class Ragged:
             total += size
         return cls.from_offsets(np.concatenate(flats or [np.zeros(0, np.int32)]), np.concatenate(offsets))
 
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        """Pickled with its ids, or where they are a file's memory map (not a view of one), with the file's
+        name: a worker process (data/ahead.py) then maps the file itself instead of holding a copy."""
+        flat = self.flat
+        if isinstance(flat, np.memmap) and isinstance(flat.base, mmap.mmap):
+            return _mapped, (flat.filename, flat.dtype.str, flat.offset, flat.shape, self.starts, self.ends)
+        return Ragged, (flat, self.starts, self.ends)
+
     def __len__(self) -> int:
         return len(self.starts)
 
@@ -76,3 +85,9 @@ class Ragged:
     def tolist(self) -> list[list[int]]:
         """Plain Python lists."""
         return [a.tolist() for a in self]
+
+
+def _mapped(path: str, dtype: str, offset: int, shape: tuple[int, ...], starts: np.ndarray,
+            ends: np.ndarray) -> Ragged:
+    """A pickled Ragged whose ids are the memory map of `path` (Ragged.__reduce__)."""
+    return Ragged(np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=shape), starts, ends)
