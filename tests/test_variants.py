@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -231,6 +232,30 @@ def test_epochs_built_ahead_are_the_epochs_built_in_turn(vocab: Vocabulary, pair
     assert len(expected_log) == 2 * len(asked)
     # epoch 6 (index 5) was asked out of turn: built there, as a resumed run's first epoch is
     assert [m.split(":")[0] for m in built_ahead] == ["epoch 2", "epoch 3", "epoch 7"]
+
+
+def test_a_resumed_run_has_the_worker_start_after_the_epoch_it_resumes(
+        vocab: Vocabulary, pairs: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The trainer looks at epoch 0 before it knows where a resumed run starts: the worker does not
+    start on epoch 1 then (it would build an epoch no one asks for, and the next one would wait on it)."""
+    split = encoded_split(vocab, pairs)
+    variants = InputVariants(vocab, [CorpusVariants(0, len(split), VariantsConfig(typos=0.5), None)], seed=3,
+                             max_len=200)
+    started: list[int] = []  # the epochs given to the worker
+    submit = ProcessPoolExecutor.submit
+    monkeypatch.setattr(ProcessPoolExecutor, "submit",
+                        lambda self, fn, epoch: (started.append(epoch), submit(self, fn, epoch))[1])
+    made = TrainingEpochs(split, 600, seed=3, variants=variants, ahead=True)
+    with caplog.at_level("INFO", logger="transformer_mt.data.epochs"):
+        made(0, start_next=False)
+        made(3)
+        made(3)  # asked again (a validation in the epoch): the worker is on epoch 4 already
+        made(4)
+    made.close()
+    assert started == [4, 5]
+    built_ahead = [r.getMessage().split(":")[0] for r in caplog.records if "built while" in r.getMessage()]
+    assert built_ahead == ["epoch 5"]
 
 
 def _fails(epoch: int, say: Callable[..., None]) -> None:

@@ -43,6 +43,9 @@ class EpochsAhead:
         self._pending: tuple[int, Future[tuple[Any, Said]]] | None = None
 
     def start(self, epoch: int) -> None:
+        """Build `epoch` (unless it is the one being built already)."""
+        if self._pending is not None and self._pending[0] == epoch:
+            return
         try:
             self._pending = (epoch, self._pool.submit(_build, epoch))
         except RuntimeError as e:  # a worker failed before: the trainer builds each epoch itself

@@ -44,12 +44,13 @@ class TrainingEpochs:
         self._latest: tuple[int, EncodedSplit, TokenBatchSampler] | None = None
         self._ahead = EpochsAhead(self._build) if ahead and self._varies else None
 
-    def __call__(self, epoch: int) -> tuple[EncodedSplit, TokenBatchSampler]:
-        """(pairs, sampler) of `epoch`: the sampler's batches(epoch, ...) index the pairs."""
+    def __call__(self, epoch: int, start_next: bool = True) -> tuple[EncodedSplit, TokenBatchSampler]:
+        """(pairs, sampler) of `epoch`: the sampler's batches(epoch, ...) index the pairs. The worker
+        starts on the next epoch unless `start_next` is False (epoch 0 looked at before a resume)."""
         if self._stale(epoch):
             self._latest = (epoch, *self._take(epoch))
-            if self._ahead is not None:
-                self._ahead.start(epoch + 1)
+        if start_next and self._ahead is not None:
+            self._ahead.start(epoch + 1)
         assert self._latest is not None
         return self._latest[1], self._latest[2]
 

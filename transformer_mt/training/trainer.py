@@ -70,8 +70,9 @@ class Trainer:
         self.epochs = TrainingEpochs(self.data.train, t.batch_tokens, cfg.seed, subwords, pad,
                                      self.data.mixture, variants, ahead=self.device.type != "cpu")
         self.clock = TrainingClock(t.max_minutes, spent_s, clock)  # before the schedule
-        # This rank's batches per epoch: epoch 0's even when resuming (re-segmented or re-drawn epochs differ)
-        self.epoch_batches = self.epochs(0)[1].num_batches(self.world.size)
+        # This rank's batches per epoch: epoch 0's even when resuming (re-drawn epochs differ); the worker
+        # starts on the epoch after the one training starts in, known once the run is restored
+        self.epoch_batches = self.epochs(0, start_next=False)[1].num_batches(self.world.size)
         steps = math.ceil(self.epoch_batches / t.accumulate) * t.epochs
         self.scheduler = build_scheduler(self.optimizer, t, steps,
                                          self.clock.used if t.decay_by_time else lambda: 0.0)
