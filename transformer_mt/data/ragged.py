@@ -8,6 +8,7 @@ in place, and a worker process that gets the split maps the same file rather tha
 from __future__ import annotations
 
 import mmap
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -87,7 +88,7 @@ class Ragged:
         return [a.tolist() for a in self]
 
 
-def _mapped(path: str, dtype: str, offset: int, shape: tuple[int, ...], starts: np.ndarray,
-            ends: np.ndarray) -> Ragged:
+def _mapped(path: str | os.PathLike[str], dtype: str, offset: int, shape: tuple[int, ...],
+            starts: np.ndarray, ends: np.ndarray) -> Ragged:
     """A pickled Ragged whose ids are the memory map of `path` (Ragged.__reduce__)."""
     return Ragged(np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=shape), starts, ends)
