@@ -105,7 +105,8 @@ def inputs(cfg: TrainConfig, overrides: Sequence[str]) -> TrainConfig:
     if (cfg.training.plan != "auto" or named or cfg.dataset.variants != VariantsConfig()
             or any(m.variants for m in cfg.dataset.mix)):
         return cfg
-    log.info("plan: dataset.variants %s (as people type; dataset.variants.caps=0: none)", rules.VARIANTS)
+    chosen = {name: p for name, p in rules.VARIANTS.items() if p}
+    log.info("plan: dataset.variants %s (as people type; dataset.variants.caps=0: none)", chosen)
     variants = VariantsConfig(**rules.VARIANTS)
     return dataclasses.replace(cfg, dataset=dataclasses.replace(cfg.dataset, variants=variants))
 
