@@ -417,7 +417,9 @@ def test_a_planned_run_records_its_plan(planned_run: Path) -> None:
     assert plan.values["training.epochs"] == 2  # yours: the run's length
     assert plan.values["training.lr"] == rules.peak_lr(64) and plan.values["training.scheduler"] == "linear"
     steps_per_epoch = plan.measured.steps_per_epoch
-    assert plan.measured.updates == 2 * steps_per_epoch and result["steps"] == 2 * steps_per_epoch
+    assert plan.measured.updates == 2 * steps_per_epoch and result["epochs"] == 2
+    # each epoch draws its input variants anew, and its varied pairs may batch into one batch more or less
+    assert abs(result["steps"] - 2 * steps_per_epoch) <= 1
     saved = load_checkpoint(planned_run / "latest.pt")
     assert saved["plan"] == result["plan"]
     assert saved["config"]["training"]["lr"] == plan.values["training.lr"]  # the run trained with it
