@@ -21,6 +21,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -334,6 +335,20 @@ def training_sample(cfg: DatasetConfig, limit: int) -> tuple[list[tuple[str, str
     given = {p: list(corpus.pairs(p)) for p in ("valid", "test")} if corpus.held_out else {}
     plan = _plan(cfg, corpus, given)
     return _texts(corpus, plan, limit, cfg.split_seed)[1], len(plan.train)
+
+
+def training_pairs(cfg: DatasetConfig) -> Iterator[tuple[str, str]]:
+    """The corpus's training pairs as its split leaves them (dataset.max_pairs drawn, the held-out parts
+    and their sentences left out), streamed in corpus order: nothing the size of the corpus is held."""
+    corpus = locate(cfg)
+    given = {p: list(corpus.pairs(p)) for p in ("valid", "test")} if corpus.held_out else {}
+    plan = _plan(cfg, corpus, given)
+    is_train = np.zeros(plan.count, dtype=bool)
+    is_train[plan.train] = True
+    del plan
+    for i, pair in enumerate(corpus.pairs("train")):
+        if is_train[i]:
+            yield pair
 
 
 def held_out_pairs(cfg: DatasetConfig, part: str) -> list[tuple[str, str]]:
