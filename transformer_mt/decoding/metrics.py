@@ -73,6 +73,16 @@ def case_blind(hypotheses: list[str], references: list[str]) -> Scores:
                   chrf_signature=str(chrf_metric.get_signature()), n=len(hypotheses))
 
 
+def bleu_and_length(hypotheses: list[str], references: list[str]) -> tuple[float, float, str]:
+    """Corpus BLEU, the hypotheses' length over the references' (sacrebleu's sys_len / ref_len, what its
+    brevity penalty reads) and BLEU's signature: what the documents report scores a line of several
+    sentences with, since a dropped or fused sentence shows in the length first."""
+    metric = sacrebleu.metrics.BLEU()
+    bleu = metric.corpus_score(hypotheses, [references])
+    ratio = bleu.sys_len / bleu.ref_len if bleu.ref_len else 0.0
+    return float(bleu.score), ratio, str(metric.get_signature())
+
+
 HIGHER_IS_BETTER = {"bleu": True, "chrf": True, "loss": False, "cer": False, "wer": False}
 
 
