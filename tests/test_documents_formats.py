@@ -266,6 +266,11 @@ def test_subtitles_keep_numbers_and_timings() -> None:
     doc = read_document(source, "srt", "subtitles.srt")
     cues = list(srt.parse(source))
     assert _raw(doc) == source and len(doc.runs) == len(cues) >= 50
+    # a cue's text written back is the cue as it was where it was on one line (canonical), or balanced
+    single = [run for run in doc.runs if "\n" not in run.raw]
+    assert single and all(render_run(r.text, r.marks, r.keep, doc.escape) == r.raw for r in single)
+    two = read_document("1\n00:00:01,000 --> 00:00:02,000\n<i>Hello,</i>\n<i>you.</i>\n", "srt", "a.srt")
+    assert _rendered(two) == two.source()
     longer = _rendered(doc, lambda run: _upper(run) + " and a few more words")
     out = list(srt.parse(longer))
     assert [(c.index, c.start, c.end) for c in out] == [(c.index, c.start, c.end) for c in cues]

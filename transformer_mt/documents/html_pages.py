@@ -27,7 +27,6 @@ KEEP_INLINE = frozenset("code kbd samp var svg math textarea iframe object video
 KEEP_BLOCK = frozenset("script style pre template".split())
 VOID = frozenset("area base br col embed hr img input link meta param source track wbr".split())
 VOID_INLINE = frozenset("br img input wbr embed".split())
-FOREIGN = frozenset(("svg", "math"))  # where <x/> closes itself
 # a mark inside a run (so are custom elements, `<x-y>`), a block of its own outside one
 PHRASING_BLOCKS = frozenset(("button", "label"))
 _P_CLOSERS = frozenset("address article aside blockquote center details dialog dir div dl dd dt fieldset "
@@ -44,8 +43,10 @@ _IMPLIED = {"p": _P_CLOSERS, "li": frozenset(("li",)), "dt": frozenset(("dt", "d
             "colgroup": frozenset("colgroup thead tbody tfoot tr".split()),
             "caption": frozenset("colgroup col thead tbody tfoot tr".split()),
             "head": None, "body": frozenset(), "html": frozenset()}
-_UNENDED = re.compile(r"<[A-Za-z!?]|</[A-Za-z]")
+_UNENDED = re.compile(r"<[A-Za-z!?/]")
 _SPACE = " \t\n\r\f"
+_NEVER_ENDS = ("a tag or comment starts here and never ends: finish it with `>` (`-->` for a comment), or "
+               "write a literal < as &lt;")
 
 escape_html = functools.partial(html.escape, quote=False)
 
@@ -68,7 +69,8 @@ class _Events(HTMLParser):
         self._add("start", tag)
 
     def handle_startendtag(self, tag: str, attrs: object) -> None:
-        self._add("start" if tag not in VOID | FOREIGN else "void", tag)
+        # `<x/>`: empty, as XHTML and SVG mean it (HTML5 would leave a non-void element open)
+        self._add("void", tag)
 
     def handle_endtag(self, tag: str) -> None:
         self._add("end", tag)
@@ -109,24 +111,32 @@ class _Reader:
         self.items: list[tuple[str, str]] = []  # the run being read: (text | keep | open | close, raw)
         self.unit: tuple[str, int, int, bool] | None = None  # a kept element: tag, depth, start, inline
 
-    def where(self, offset: int) -> str:
+    def place(self, offset: int) -> str:
+        """`line:column` of an offset, both from 1."""
         line = self.source.count("\n", 0, offset) + 1
-        return f"{self.name}:{line}:{offset - self.source.rfind(chr(10), 0, offset)}"
+        return f"{line}:{offset - self.source.rfind(chr(10), 0, offset)}"
 
     def fail(self, offset: int, problem: str) -> DataError:
-        return DataError(f"{self.where(offset)}: {problem}")
+        return DataError(f"{self.name}:{self.place(offset)}: {problem}")
 
     def step(self, kind: str, tag: str, start: int, end: int) -> None:
         raw = self.source[start:end]
         if self.unit is not None:
             self.inside_unit(kind, tag, start, end)
         elif kind == "data":
-            if raw == "<" and _UNENDED.match(self.source, start):
-                raise self.fail(start, "a tag or comment starts here and never ends; close it with `>` "
-                                       "(`-->` for a comment)")
+            # a `<` left in text is a tag the tokenizer could not end (or `</>`, which it drops)
+            unended = next((start + i for i, ch in enumerate(raw) if ch == "<"
+                            and _UNENDED.match(self.source, start + i)), None)
+            if unended is not None:
+                raise self.fail(unended, _NEVER_ENDS)
             self.text(raw)
+        elif not raw.endswith("-->" if raw.startswith("<!--") else ">"):
+            raise self.fail(start, _NEVER_ENDS)  # as newer tokenizers may hand over what the end cut short
         elif kind == "comment":
-            self.inline("keep", raw) if self.items else self.kept(raw)
+            if self.items:
+                self.inline("keep", raw)
+            else:
+                self.kept(raw)
         elif kind == "decl":
             self.boundary(start, "!DOCTYPE")
             self.kept(raw)
@@ -207,7 +217,7 @@ class _Reader:
         for above in reversed(self.stack[found + 1:]):
             if above.tag not in _IMPLIED:
                 raise self.fail(above.offset, f"<{above.tag}> is still open where </{tag}> "
-                                              f"({self.where(start)}) ends its parent; close it before")
+                                              f"({self.place(start)}) ends its parent; close it before")
             self.implied_end(self.stack.pop(), start)
         element = self.stack.pop()
         if element.item is not None:
@@ -236,7 +246,7 @@ class _Reader:
                             if kind == "text" and raw.strip(_SPACE)), len(self.items))
             last = still_open[-1]
             if still_open[-1].item > text_at:
-                raise self.fail(last.offset, f"<{last.tag}> is still open where <{tag}> ({self.where(where)})"
+                raise self.fail(last.offset, f"<{last.tag}> is still open where <{tag}> ({self.place(where)})"
                                              f" begins or ends a block; close it before")
             self.kept("".join(raw for _, raw in self.items[:last.item + 1]))
             self.items = self.items[last.item + 1:]
@@ -294,6 +304,7 @@ def read_html(source: str, name: str) -> Document:
     """The page's block texts as runs with their inline markup, everything else kept byte for byte."""
     reader = _Reader(source, name)
     events = _Events(source).events
+    reader.kept(source[:events[0][2] if events else len(source)])  # what the tokenizer drops (`</>`)
     for (kind, tag, start), (_, _, end) in zip(events, [*events[1:], ("", "", len(source))]):
         reader.step(kind, tag, start, end)
     reader.finish()

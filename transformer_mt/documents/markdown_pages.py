@@ -22,15 +22,16 @@ from markdown_it.token import Token
 from transformer_mt.documents.markup import RunText
 from transformer_mt.documents.pieces import Document, Kept, Piece, Run
 
-_FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(?:.*?\r?\n)?(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.DOTALL)
+# YAML (---) or TOML (+++) front matter, which markdown-it would read as a rule and a heading
+_FRONT_MATTER = re.compile(r"\A(---|\+\+\+)[ \t]*\r?\n(?:.*?\r?\n)?(?:\1|\.\.\.)[ \t]*(?:\r?\n|\Z)",
+                           re.DOTALL)
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n|\Z)")
 # what may stand before a table row's leading pipe: spaces, quote markers, a list item's marker
 _PREFIX = re.compile(r"(?:\s|>|[-+*](?=\s)|\d{1,9}[.)](?=\s))*")
 _BREAK = re.compile(r"(?:\\| *)\n[ \t]*")
 _MARKS = {"em_open", "strong_open", "s_open"}
 _CLOSES = {"em_close", "strong_close", "s_close"}
-_KEEP_RULES: dict[str, Callable[[StateInline, bool], bool]] = {
-    "code_inline": backtick, "image": image, "link_open": link}
+_KEEP_RULES: dict[str, Callable[[StateInline, bool], bool]] = {"code_inline": backtick, "image": image}
 # characters that would start markup anywhere, and what would start a block at the beginning of a line
 _INLINE_SPECIAL = re.compile(r"[\\`*\[\]|]|_(?!(?<=\w_)\w)|<(?=[A-Za-z/!?])|&(?=#?\w+;)|~(?=~)|(?<=~)~")
 _LINE_START = re.compile(r"\A(?:[#>+-]|\d{1,9}(?=[.)]))")
