@@ -146,6 +146,20 @@ def test_markdown_docs_read_and_keep_their_structure(page) -> None:
     assert _md_shape(_rendered(doc, _upper)) == _md_shape(source)
 
 
+def test_a_reference_link_named_by_its_text_still_links_when_its_text_changes() -> None:
+    source = "See [the docs] or [*Guide*][].\n\n[the docs]: /docs\n[*guide*]: /g\n"
+    doc = read_document(source, "markdown", "a.md")
+    (run,) = doc.runs
+    text = "Voir la documentation ou le guide."
+    spans = [(text.index(w), text.index(w) + len(w)) for w in ("la documentation", "le guide")]
+    # the first link around "la documentation", the second link and its emphasis around "le guide"
+    marks = [Mark(*span, m.open, m.close) for span, m in zip([*spans, spans[1]], run.marks)]
+    out = doc.render([render_run(text, marks, run.keep, doc.escape)])
+    links = [t.attrs for token in MarkdownIt().parse(out) for t in token.children or []
+             if t.type == "link_open"]
+    assert links == [{"href": "/docs"}, {"href": "/g"}]
+
+
 _MD_JUNK = st.lists(st.sampled_from(list("ab *_`[]()<>#-!|~\\&;:/\n\t") + [
     "\n\n", "> ", "- ", "1. ", "    ", "&amp;", "| a |\n|---|\n", "```\n", "\r\n", "  \n", "===\n"]),
     max_size=40).map("".join)

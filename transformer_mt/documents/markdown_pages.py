@@ -137,6 +137,14 @@ def _extent(rule: Callable[[StateInline, bool], bool], state: StateInline, at: i
     return state.pos
 
 
+def _link_close(close: str, label: str) -> str:
+    """A link's closing markup: as written, except that a reference link named by its own text (`[text]`,
+    `[text][]`) gets its label written out, so that its translated text still finds its target."""
+    if close in ("]", "][]"):
+        return "][" + " ".join(label.split()) + "]"
+    return close
+
+
 def _run(children: list[Token], state: StateInline, offsets: list[int], source: str) -> Run | None:
     """The run of one inline token: its children walked in order over the content they came from."""
     content = state.src
@@ -171,12 +179,12 @@ def _run(children: list[Token], state: StateInline, offsets: list[int], source: 
             run.add_keep(raw(at, end))
             at, autolinked = end, True
         elif token.type == "link_open":
-            links.append(_extent(link, state, at))
+            links.append((at, _extent(link, state, at)))
             run.open_mark(raw(at, at + 1))
             at += 1
         elif token.type == "link_close":
-            end = links.pop()
-            run.close_mark(raw(at, end))
+            start, end = links.pop()
+            run.close_mark(_link_close(raw(at, end), content[start + 1:at]))
             at = end
         else:  # code_inline, image, html_inline: verbatim
             end = at + len(token.content) if token.type == "html_inline" else _extent(
