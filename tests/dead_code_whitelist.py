@@ -62,3 +62,19 @@ _.timeout_keep_alive_task
 _.enable_nested_tensor
 _.use_nested_tensor
 _.from_model
+# html.parser.HTMLParser's callbacks, which it calls for each tag, text and comment (documents/html_pages.py).
+_.handle_starttag
+_.handle_startendtag
+_.handle_endtag
+_.handle_data
+_.handle_comment
+_.handle_decl
+_.handle_pi
+_.unknown_decl
+attrs
+decl
+# The documents layer's entry points for the pipeline that translates documents (documents/pipeline.py);
+# until it calls them, only tests do.
+format_for
+read_document
+render_run
