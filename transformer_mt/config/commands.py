@@ -14,6 +14,7 @@ from transformer_mt.config.schema import (
     DatasetConfig,
     DecodingConfig,
     DeviceConfig,
+    DocumentConfig,
     ModelConfig,
     SearchConfig,
     Section,
@@ -56,7 +57,9 @@ class EvaluateConfig:
     output_dir: str | None = None  # null: <run dir>/eval
     tgt_lang: str | None = None  # a model of several target languages: which (null: its first)
     robustness: bool = False  # also score the set as people type it: ALL CAPS, lowercase, typos, ...
-    seed: int = 1  # the robustness report draws its typos from it
+    documents: bool = False  # also score text as people have it: several sentences a line, spans, names
+    document: DocumentConfig = field(default_factory=DocumentConfig)  # how texts become sentences and back
+    seed: int = 1  # the robustness and documents reports draw their typos and cases from it
     traceback: bool = False
 
 
@@ -67,6 +70,7 @@ class EngineConfig:
     checkpoint: str | None = None
     device: DeviceConfig = field(default_factory=DeviceConfig)
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
+    document: DocumentConfig = field(default_factory=DocumentConfig)
     max_input_tokens: int | None = None  # null: the model's positional limit
     tgt_lang: str | None = None  # a model of several target languages: which (null: its first)
     seed: int = 1

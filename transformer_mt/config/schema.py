@@ -286,6 +286,21 @@ class DecodingConfig(SearchConfig):
     input_case: str = "fold"
 
 
+@dataclass
+class DocumentConfig(Section):
+    """Text as people bring it (documents/): a line or a request's text split into sentences, the spans
+    that must come through exactly kept from the model, and documents read and written in their format."""
+
+    KEY: ClassVar[str] = "document"
+    split: bool = True  # each line (a request's text) split into sentences, translated in batches
+    protect: bool = True  # numbers, prices, times, e-mails, URLs, paths, codes and keep_terms copied exactly
+    keep_terms: str | None = None  # a UTF-8 file of do-not-translate terms, one a line
+    format: str = "auto"  # input=FILE: auto (by its extension) | text | markdown | html | srt
+    # A sentence with more tokens is cut at clause boundaries and translated in parts; null: the length
+    # limit the model was trained with (its run's dataset.max_len)
+    max_sentence_tokens: int | None = None
+
+
 def resolve_path(path: str | Path) -> Path:
     """Relative paths in configs are relative to where the command was started."""
     return Path(path).expanduser().resolve()

@@ -308,7 +308,7 @@ class CT2Translator(TextTranslator):
                      tgt_lang: str | None = None, **options: Any) -> list[list[Translation]]:
         """n-best translations per sentence (best first); empty input gives one empty translation.
         CTranslate2 decodes a batch in one call: should_stop is asked once, before it."""
-        decoding = self._options(**options)
+        decoding = self.decoding_options(**options)
         if self.prefix_ids(sentences, prefixes, decoding):
             raise ConfigError("prefix decoding runs on engine=pytorch; drop decoding.prefix or the prefixes")
         if decoding.alignment:

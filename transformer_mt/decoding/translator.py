@@ -127,6 +127,7 @@ class TextTranslator:
 
     vocab: Vocabulary
     decoding: DecodingConfig
+    info: dict[str, Any]  # what the engine runs: the checkpoint, its step, the run's config ...
     tgt_lang: str | None = None
     max_input_tokens: int
     max_prefix_tokens: int
@@ -177,7 +178,7 @@ class TextTranslator:
         lowercase (and no prefix) is translated in sentence case, and its translations written in its case.
         A deterministic search (no sampling, no prefixes) searches each distinct text once: a file's
         repeated lines, or the ALL CAPS and lowercase forms of one sentence, which fold to one text."""
-        decoding = self._options(**options)
+        decoding = self.decoding_options(**options)
         fold = decoding.input_case == "fold" and not decoding.prefix
         forced = [bool(prefixes and i < len(prefixes) and prefixes[i]) for i in range(len(sentences))]
         cases = [one_case(s) if fold and not f else None for s, f in zip(sentences, forced)]
@@ -204,7 +205,7 @@ class TextTranslator:
         texts = prefixes if prefixes is not None else [decoding.prefix or ""] * len(sentences)
         return self.vocab.encode_tgt(texts) if any(texts) else None
 
-    def _options(self, **overrides: Any) -> DecodingConfig:
+    def decoding_options(self, **overrides: Any) -> DecodingConfig:
         """This engine's decoding settings with the given (non-None) options, validated."""
         given = {k: v for k, v in overrides.items() if v is not None}
         decoding = dataclasses.replace(self.decoding, **given)
@@ -304,7 +305,7 @@ class Translator(TextTranslator):
                      tgt_lang: str | None = None, **options: Any) -> list[list[Translation]]:
         """n-best translations per sentence (best first); empty input gives one translation: its prefix
         (so every output starts with its prefix), else the empty string."""
-        decoding = self._options(**options)
+        decoding = self.decoding_options(**options)
         ids = self.encode(sentences, tgt_lang)
         forced = self.prefix_ids(sentences, prefixes, decoding)
         real = [i for i, s in enumerate(sentences) if s.strip()]

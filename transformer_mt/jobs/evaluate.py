@@ -8,18 +8,25 @@ scores to the run's TensorBoard log at the checkpoint's step.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from transformer_mt.config import DatasetConfig, EvaluateConfig
+from transformer_mt.config.typed import to_dataclass
 from transformer_mt.data import LINE_ENDS, held_out_pairs, load_split_tsv, read_lines
 from transformer_mt.data.languages import split_file
+from transformer_mt.data.words import seen_words
 from transformer_mt.decoding import robustness
 from transformer_mt.decoding.metrics import Scores, score
 from transformer_mt.decoding.translator import Translator
+from transformer_mt.documents import report as documents_report
+from transformer_mt.documents.pipeline import DocumentTranslator
 from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.runtime.device import configure_threads, select_device
 from transformer_mt.runtime.files import atomic_write
@@ -70,8 +77,9 @@ def evaluate(cfg: EvaluateConfig) -> float:
     if not sources:
         raise DataError(f"the {name} set is empty; nothing to evaluate")
 
+    docs = DocumentTranslator.for_engine(engine, cfg.document)
     started = time.perf_counter()
-    hypotheses = _best(engine, sources)
+    hypotheses = _best(docs, sources)
     seconds = time.perf_counter() - started
     scores = score(hypotheses, references)
     d = cfg.decoding
@@ -89,9 +97,12 @@ def evaluate(cfg: EvaluateConfig) -> float:
     text = "\n".join(hypotheses) + "\n"
     if cfg.robustness:  # the same sentences as people also type them (decoding/robustness.py)
         rows, signatures = robustness.robustness(
-            lambda s, **o: _best(engine, s, **o), sources, references, cfg.seed,
+            lambda s, **o: _best(docs, s, **o), sources, references, cfg.seed,
             folded=cfg.decoding.input_case == "fold", written=hypotheses)
         report["robustness"] = robustness.report(rows, signatures, cfg.seed)
+    if cfg.documents:  # several sentences a line, spans, unseen names (documents/report.py)
+        documents = _documents_report(cfg, docs, sources, references, hypotheses)
+        report["documents"] = documents_report.report_json(documents)
     atomic_write(out_dir / f"{stem}.hyp.txt", lambda f: f.write(text.encode("utf-8")))
     atomic_write(out_dir / f"{stem}.json", lambda f: f.write(json.dumps(report, indent=2).encode("utf-8")))
     if not members:  # an ensemble is no one checkpoint's step
@@ -106,13 +117,30 @@ def evaluate(cfg: EvaluateConfig) -> float:
     if cfg.robustness:
         print(f"input as people type it (seed {cfg.seed}):")
         print(robustness.table(rows))
+    if cfg.documents:
+        print(f"text as people have it (seed {cfg.seed}):")
+        print(documents_report.table(documents))
+    print(f"  {docs.summary()}")
     print(f"  wrote {out_dir / (stem + '.hyp.txt')} and {stem}.json")
     return scores.bleu
 
 
-def _best(engine: Translator, sources: list[str], **options: Any) -> list[str]:
-    """The best translation of each source (with these decoding options)."""
-    return [n[0].text for n in engine.translate_nbest(sources, **options)]
+def _best(docs: DocumentTranslator, sources: list[str], **options: Any) -> list[str]:
+    """The best translation of each source (with these decoding options), through the documents layer."""
+    return [n[0].text for n in docs.translate_nbest(sources, **options)]
+
+
+def _documents_report(cfg: EvaluateConfig, docs: DocumentTranslator, sources: list[str],
+                      references: list[str], written: list[str]) -> documents_report.DocumentsReport:
+    """The documents report: the pipeline as configured, then with splitting off and with protection
+    off; names are unseen when the run's training pairs lack them."""
+    engine = docs.engine
+    unsplit = DocumentTranslator.for_engine(engine, dataclasses.replace(cfg.document, split=False))
+    unprotected = DocumentTranslator.for_engine(engine, dataclasses.replace(cfg.document, protect=False))
+    dataset = to_dataclass(OmegaConf.create(engine.info["config"]["dataset"]), DatasetConfig)
+    return documents_report.documents_report(
+        lambda t: _best(docs, t), lambda t: _best(unsplit, t), lambda t: _best(unprotected, t),
+        sources, references, written, cfg.seed, seen_words(dataset))
 
 
 def _log_tensorboard(run_dir: Path, tag: str, scores: Scores, step: int) -> None:

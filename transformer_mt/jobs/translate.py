@@ -20,11 +20,13 @@ from typing import IO, TextIO, TypeVar
 from transformer_mt.config import TranslateConfig
 from transformer_mt.config.arguments import not_utf8_text
 from transformer_mt.config.problems import raise_if
-from transformer_mt.data import open_binary, utf8_lines
+from transformer_mt.data import open_binary, read_utf8, utf8_lines
 from transformer_mt.decoding.alignment import pharaoh
 from transformer_mt.decoding.engine import load_engine
 from transformer_mt.decoding.search import alignment
 from transformer_mt.decoding.translator import TextTranslator, Translation, check_default_prefix
+from transformer_mt.documents.formats import format_for
+from transformer_mt.documents.pipeline import DocumentTranslator
 from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.runtime.files import atomic_write
 
@@ -67,7 +69,7 @@ def format_nbest(nbest: list[Translation], n_best: int, with_scores: bool) -> li
             for rank, h in enumerate(padded[:n_best], start=1)]
 
 
-def interactive(engine: TextTranslator, cfg: TranslateConfig) -> None:
+def interactive(docs: DocumentTranslator, cfg: TranslateConfig) -> None:
     """A prompt for a person at a terminal: one sentence at a time until EOF or Ctrl-C."""
     print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
     while True:
@@ -81,7 +83,7 @@ def interactive(engine: TextTranslator, cfg: TranslateConfig) -> None:
             print(f"error: {ex if isinstance(ex, ConfigError) else 'the line is not valid UTF-8'}; try again",
                   file=sys.stderr)
             continue
-        for out in format_nbest(engine.translate_nbest([line])[0], cfg.decoding.n_best, cfg.scores):
+        for out in format_nbest(docs.translate_nbest([line])[0], cfg.decoding.n_best, cfg.scores):
             print(out, flush=True)
 
 
@@ -114,7 +116,7 @@ def write_attention_png(engine: TextTranslator, sentence: str, path: Path) -> No
     log.info("attention heatmap written to %s", path)
 
 
-def write_lines(engine: TextTranslator, lines: Iterable[str], out: TextIO,
+def write_lines(docs: DocumentTranslator, lines: Iterable[str], out: TextIO,
                 cfg: TranslateConfig) -> tuple[int, list[str]]:
     """Translate lines chunk by chunk, writing each chunk's output as soon as it is done; the count, and
     what was wrong with each line that could not be translated (its output is empty, as for an empty line)."""
@@ -125,7 +127,7 @@ def write_lines(engine: TextTranslator, lines: Iterable[str], out: TextIO,
         if cfg.input_format == "tsv":  # source<TAB>prefix: each translation starts with its prefix
             rows = [line.split("\t", 1) for line in chunk]
             chunk, prefixes = [r[0] for r in rows], [r[1] if len(r) > 1 else "" for r in rows]
-        results, problems = translate_fitting(engine, chunk, prefixes, first_line=count + 1)
+        results, problems = translate_fitting(docs, chunk, prefixes, first_line=count + 1)
         failed += problems
         for nbest in results:
             for line in format_nbest(nbest or empty, cfg.decoding.n_best, cfg.scores):
@@ -135,11 +137,12 @@ def write_lines(engine: TextTranslator, lines: Iterable[str], out: TextIO,
     return count, failed
 
 
-def translate_fitting(engine: TextTranslator, sources: list[str], prefixes: list[str] | None,
+def translate_fitting(docs: DocumentTranslator, sources: list[str], prefixes: list[str] | None,
                       first_line: int) -> tuple[list[list[Translation] | None], list[str]]:
     """Each line's n-best list, or None for a line the engine cannot take (a prefix too long for the model,
     text that is not valid Unicode), with one error naming each such line: it fails alone, not its chunk.
-    A source too long is not refused: the engine cuts it and counts it in `truncated`."""
+    A source too long is not refused: its sentences are cut into parts the model takes (documents/)."""
+    engine = docs.engine
     refused = [u for u in engine.unfit_inputs(sources, prefixes) if u.side == "prefix" or not u.too_long]
     unfit = {u.index: u for u in refused}
     failed = [f"line {first_line + i}: its {u.side} {u.reason}" for i, u in sorted(unfit.items())]
@@ -149,9 +152,26 @@ def translate_fitting(engine: TextTranslator, sources: list[str], prefixes: list
     fit = [i for i in range(len(sources)) if i not in unfit]
     if fit:
         starts = [prefixes[i] for i in fit] if prefixes else None
-        for i, nbest in zip(fit, engine.translate_nbest([sources[i] for i in fit], prefixes=starts)):
+        for i, nbest in zip(fit, docs.translate_nbest([sources[i] for i in fit], prefixes=starts)):
             results[i] = nbest
     return results, failed
+
+
+def write_document(docs: DocumentTranslator, path: Path, fmt: str, cfg: TranslateConfig) -> None:
+    """A Markdown, HTML or subtitle file translated whole, its structure as it was, to output= (written
+    only once complete) or stdout."""
+    if cfg.decoding.n_best > 1 or cfg.scores or cfg.decoding.alignment or cfg.input_format != "text":
+        raise ConfigError(f"document.format={fmt} writes the document translated; n-best lists, scores, "
+                          "alignments and input_format=tsv are for text a line (document.format=text)")
+    source = read_utf8(path)
+    translated = docs.translate_documents([source], fmt, [str(path)])[0]
+    log.info("%s", docs.summary())
+    if cfg.output:
+        atomic_write(Path(cfg.output), lambda f: f.write(translated.encode("utf-8")))
+        log.info("%s translated into %s", path, cfg.output)
+    else:
+        sys.stdout.write(translated)
+        sys.stdout.flush()
 
 
 def write_file(path: Path, write: Callable[[TextIO], T]) -> T:
@@ -173,8 +193,10 @@ def write_file(path: Path, write: Callable[[TextIO], T]) -> T:
 
 def translate(cfg: TranslateConfig) -> None:
     """Entry point of `transformer-mt translate`."""
+    fmt = format_for(cfg.input, cfg.document.format)
     engine = load_engine(cfg)
     check_default_prefix(engine)
+    docs = DocumentTranslator.for_engine(engine, cfg.document)
     if cfg.attention_png:
         if cfg.text is None:
             raise ConfigError("attention_png needs a sentence given as text=...")
@@ -182,19 +204,23 @@ def translate(cfg: TranslateConfig) -> None:
     with contextlib.ExitStack() as stack:
         if cfg.text is not None:
             lines: Iterable[str] = cfg.text.split("\n")
+        elif cfg.input and fmt != "text":
+            write_document(docs, Path(cfg.input), fmt, cfg)
+            return
         elif cfg.input:
             path = Path(cfg.input)
             lines = utf8_lines(stack.enter_context(open_binary(path)), str(path))  # .gz too
         elif sys.stdin.isatty() and cfg.output is None:
-            interactive(engine, cfg)
+            interactive(docs, cfg)
             return
         else:
             lines = utf8_lines(sys.stdin.buffer, "stdin")
         if cfg.output:
-            count, failed = write_file(Path(cfg.output), lambda out: write_lines(engine, lines, out, cfg))
+            count, failed = write_file(Path(cfg.output), lambda out: write_lines(docs, lines, out, cfg))
             log.info("%d lines translated into %s", count, cfg.output)
         else:
-            count, failed = write_lines(engine, lines, sys.stdout, cfg)
+            count, failed = write_lines(docs, lines, sys.stdout, cfg)
+    log.info("%s", docs.summary())
     if engine.truncated:
         log.warning("%d inputs were longer than %d tokens and were cut", engine.truncated,
                     engine.max_input_tokens)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -32,9 +33,11 @@ from transformer_mt.config import ServeConfig
 from transformer_mt.config.checks import n_best_in_beam
 from transformer_mt.decoding.alignment import pharaoh
 from transformer_mt.decoding.translator import TextTranslator, Translation
+from transformer_mt.documents.pipeline import DocumentTranslator
 from transformer_mt.errors import UserError
 from transformer_mt.serve.attention_maps import AttentionMap, attention_map, check_attention_size
 from transformer_mt.serve.batcher import Batcher, ClientGone, QueueFull, Search
+from transformer_mt.serve.document_requests import check_documents
 from transformer_mt.serve.guard import RequestGuard, max_body_bytes, read_body
 
 log = logging.getLogger(__name__)
@@ -62,10 +65,14 @@ class TranslateRequest(BaseModel):
                                            "decoding): one per text, \"\" for none; default: the server's")
     tgt_lang: str | None = Field(None, description="the language to translate into, for a model of several "
                                  "(GET /health lists them); default: the server's")
+    format: Literal["text", "markdown", "html", "srt"] = Field(
+        "text", description="text: each text split into sentences; markdown, html, srt: each text a "
+        "document, translated with its structure (markup, code, cue numbers and timings) as it was")
 
     def search(self) -> Search:
         """What the request asks of the search (requests that ask the same decode together)."""
-        return Search(self.beam_size, self.n_best, self.attention is not False, self.alignment, self.tgt_lang)
+        return Search(self.beam_size, self.n_best, self.attention is not False, self.alignment, self.tgt_lang,
+                      self.format)
 
 
 class ScoredText(BaseModel):
@@ -131,7 +138,7 @@ class Metrics:
 # -- the app --------------------------------------------------------------------------------------------
 def create_app(engine: TextTranslator, cfg: ServeConfig) -> FastAPI:
     """The FastAPI app serving `engine` with cfg's batching and limits."""
-    batcher = Batcher(engine, cfg.batching)
+    batcher = Batcher(DocumentTranslator.for_engine(engine, cfg.document), cfg.batching)
     metrics = Metrics()
     page = resources.files("transformer_mt.serve").joinpath("page.html").read_text(encoding="utf-8")
 
@@ -183,7 +190,7 @@ def create_app(engine: TextTranslator, cfg: ServeConfig) -> FastAPI:
     @app.get("/metrics")
     async def report() -> dict[str, Any]:
         """Request counts by status, sentences, decoding batch sizes and latency percentiles."""
-        return metrics.report(batcher)
+        return {**metrics.report(batcher), "documents": dataclasses.asdict(batcher.engine.tally)}
 
     @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,
               responses=ERRORS, openapi_extra={"requestBody": {
@@ -275,11 +282,17 @@ async def check_fit(engine: TextTranslator, body: TranslateRequest, texts: list[
                     prefixes: list[str] | None) -> None:
     """A 413 naming the first text or prefix with more tokens than the model's positions, or a 422 naming
     one the tokenizer cannot encode. Tokenised in a thread: a request at the limits took 0.35 s on two
-    CPU cores, which on the event loop would stall every other request and /health."""
+    CPU cores, which on the event loop would stall every other request and /health. Documents are
+    parsed there too (document_requests.py)."""
+    await asyncio.to_thread(check_documents, body, texts)
     try:
         unfit = await asyncio.to_thread(engine.unfit_inputs, texts, prefixes, body.tgt_lang)
     except UserError as ex:  # a language the model lacks
         raise HTTPException(422, str(ex)) from None
+    if not unfit:
+        return
+    # A text too long is cut into sentences and parts the model takes; only attention wants it whole.
+    unfit = [u for u in unfit if u.side == "prefix" or not u.too_long or body.attention is not False]
     if not unfit:
         return
     first = unfit[0]

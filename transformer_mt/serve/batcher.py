@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 
 from transformer_mt.config import BatchingConfig
 from transformer_mt.decoding.search import DecodingStopped
-from transformer_mt.decoding.translator import TextTranslator, Translation
+from transformer_mt.decoding.translator import Translation
+from transformer_mt.documents.pipeline import DocumentTranslator
 from transformer_mt.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ class Search:
     attention: bool = False
     alignment: bool | None = None  # None: the server's decoding.alignment
     tgt_lang: str | None = None  # a model of several target languages: None, the server's
+    format: str = "text"  # markdown | html | srt: each text a document, translated with its structure
 
 
 @dataclass
@@ -86,7 +88,7 @@ class QueueFull(Exception):
 class Batcher:
     """The queue and its decoding worker."""
 
-    def __init__(self, engine: TextTranslator, cfg: BatchingConfig) -> None:
+    def __init__(self, engine: DocumentTranslator, cfg: BatchingConfig) -> None:
         self.engine = engine
         self.cfg = cfg
         self._jobs: collections.deque[Job] = collections.deque()
@@ -240,6 +242,8 @@ class Batcher:
         prefixes = None if jobs[0].prefixes is None else [p for job in jobs for p in job.prefixes or ()]
         start = time.perf_counter()
         try:
+            if search.format != "text":
+                return self._documents(texts, search, lambda: all(job.gone() for job in jobs))
             return self.engine.translate_nbest(texts, return_attention=search.attention,
                                                beam_size=search.beam_size, n_best=search.n_best,
                                                alignment=search.alignment, prefixes=prefixes,
@@ -256,6 +260,14 @@ class Batcher:
             self.decode_seconds += time.perf_counter() - start
             self.decoded += len(texts)
             self.batch_sizes[len(texts)] += 1
+
+    def _documents(self, texts: list[str], search: Search,
+                   stop: Callable[[], bool]) -> list[list[Translation]]:
+        """Documents translated whole, each as its one translation (the request checked that they parse)."""
+        names = [f"text[{i}]" for i in range(len(texts))]
+        done = self.engine.translate_documents(texts, search.format, names, beam_size=search.beam_size,
+                                               tgt_lang=search.tgt_lang, should_stop=stop)
+        return [[Translation(text, 0.0)] for text in done]
 
     def _reply(self, jobs: list[Job], outcome: list[list[Translation]] | BaseException) -> None:
         """Give each job its own slice of the results, or the error as its request should see it."""

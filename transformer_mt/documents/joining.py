@@ -1,0 +1,88 @@
+"""A text's translation put back together from its parts': each part's translation where the part was,
+the text's own separators (spaces, line breaks, blank lines) between them, and every word alignment
+carried from the words the model saw and wrote to the words of the text and of its translation."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from transformer_mt.decoding.translator import Translation
+from transformer_mt.documents.rewrite import Rewrite
+
+_WORD = re.compile(r"\S+")  # a word as alignments count them (decoding/alignment.py)
+
+
+@dataclass(frozen=True)
+class PartTranslation:
+    """One part of a text: where it is ([start, end) of the text), how its spans were masked (`source`:
+    from the part to what the model got), its n-best list as the model wrote it, and for each hypothesis
+    the rewrite that restored its spans."""
+
+    start: int
+    end: int
+    source: Rewrite
+    nbest: list[Translation]
+    restored: list[Rewrite]
+
+
+def words(text: str) -> list[tuple[int, int]]:
+    """The (start, end) of each word of `text`."""
+    return [m.span() for m in _WORD.finditer(text)]
+
+
+def _owners(spans: Sequence[tuple[int, int]], of: Sequence[tuple[int, int]]) -> list[list[int]]:
+    """For each character range of `spans`, the indices of the words of `of` it touches."""
+    return [[w for w, (a, b) in enumerate(of) if a < end and start < b] or
+            [w for w, (a, b) in enumerate(of) if a <= start < b or (start == end and a <= start <= b)]
+            for start, end in spans]
+
+
+def joined(text: str, parts: Sequence[PartTranslation]) -> list[Translation]:
+    """The text's n-best list: rank k joins each part's k-th hypothesis (its last, where it has fewer),
+    between the text's separators; scores add up; alignments join when every part has one."""
+    if not parts:
+        return [Translation(text.strip() and "", 0.0)]
+    depth = max(len(p.nbest) for p in parts)
+    return [_rank(text, parts, k) for k in range(depth)]
+
+
+def _rank(text: str, parts: Sequence[PartTranslation], k: int) -> Translation:
+    """The k-th hypothesis of the whole text."""
+    out, placed, score = [text[: parts[0].start]], [], 0.0
+    at = len(out[0])
+    for i, part in enumerate(parts):
+        j = min(k, len(part.nbest) - 1)
+        piece = part.restored[j].new
+        placed.append(at)
+        gap = text[part.end: parts[i + 1].start] if i + 1 < len(parts) else text[part.end:]
+        out += [piece, gap]
+        at += len(piece) + len(gap)
+        score += part.nbest[j].score
+    translation = "".join(out)
+    hyps = [p.nbest[min(k, len(p.nbest) - 1)] for p in parts]
+    alignment = None
+    if all(h.alignment is not None for h in hyps):
+        alignment = _alignment(text, translation, parts, placed, k)
+    return Translation(translation, score, alignment=alignment)
+
+
+def _alignment(text: str, translation: str, parts: Sequence[PartTranslation], placed: Sequence[int],
+               k: int) -> list[tuple[int, int]]:
+    """The parts' links as links between the words of the text and of its translation: a word the model
+    saw stands for the text's words it came from (a stand-in for all of its span's), and likewise on the
+    translation's side."""
+    src_words, tgt_words = words(text), words(translation)
+    links: set[tuple[int, int]] = set()
+    for part, at in zip(parts, placed):
+        j = min(k, len(part.nbest) - 1)
+        restored = part.restored[j]
+        seen = [part.source.backward(a, b) for a, b in words(part.source.new)]
+        src = _owners([(part.start + a, part.start + b) for a, b in seen], src_words)
+        written = [restored.forward(a, b) for a, b in words(restored.old)]
+        tgt = _owners([(at + a, at + b) for a, b in written], tgt_words)
+        for s, t in part.nbest[j].alignment or []:
+            if s < len(src) and t < len(tgt):
+                links |= {(a, b) for a in src[s] for b in tgt[t]}
+    return sorted(links)

@@ -1,0 +1,275 @@
+"""Texts as people write them, translated: each text split into sentences, each sentence's spans masked,
+a sentence the model cannot take whole cut into parts, every part of every text translated in one call
+of the engine (it batches them by length), and each translation put back together around the original
+separators, spans restored.
+
+`translate_nbest` takes and returns what an engine's does (one n-best list per text), so the jobs and the
+server use it in the engine's place. A text of several sentences gets n-best lists made rank by rank from
+its sentences' (the k-th of each), their scores summed, their word alignments joined.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformer_mt.config import DocumentConfig
+from transformer_mt.data.text_variants import CASES, one_case, sentence_case
+from transformer_mt.decoding.translator import TextTranslator, Translation
+from transformer_mt.documents.formats import read_document
+from transformer_mt.documents.joining import PartTranslation, joined
+from transformer_mt.documents.masking import Masked, blanked, mask, missing, unmask
+from transformer_mt.documents.rendering import rendered
+from transformer_mt.documents.rewrite import Rewrite
+from transformer_mt.documents.sentences import SentenceSplitter, cut_long
+from transformer_mt.documents.spans import Span, find_spans, read_terms
+
+log = logging.getLogger(__name__)
+Ranges = Sequence[tuple[int, int]]  # (start, end) character ranges of a text
+
+
+@dataclass
+class Tally:
+    """What the layer did to the texts it translated: the figures a job logs and a response reports."""
+
+    texts: int = 0
+    sentences: int = 0  # translated, each sentence once however many parts it was cut into
+    cut: int = 0  # sentences longer than the model takes, translated in parts
+    spans: int = 0  # protected spans
+    retried: int = 0  # spans whose stand-in the model dropped once, restored on a second try
+    placed: int = 0  # spans whose stand-in the model dropped twice: placed at the end of the sentence
+
+    def add(self, other: Tally) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+@dataclass(frozen=True)
+class SentencePart:
+    """What the engine translates: a sentence, or a part of a long one, of text `text`, at [start, end)
+    of it, masked; `case` the case to write its translation in when it was folded."""
+
+    text: int
+    start: int
+    end: int
+    masked: Masked
+    case: str | None = None
+
+
+@dataclass
+class Prepared:
+    """The parts of a batch of texts, in order, and the tally of what preparing them did."""
+
+    parts: list[SentencePart] = field(default_factory=list)
+    tally: Tally = field(default_factory=Tally)
+
+
+class DocumentTranslator:
+    """An engine behind the documents layer: texts in any shape, translated sentence by sentence."""
+
+    def __init__(self, engine: TextTranslator, cfg: DocumentConfig, src_lang: str | None = None,
+                 max_sentence_tokens: int | None = None):
+        self.engine = engine
+        self.cfg = cfg
+        self.splitter = SentenceSplitter(src_lang or "en")
+        self.terms = read_terms(cfg.keep_terms) if cfg.keep_terms else ()
+        self.max_tokens = min(cfg.max_sentence_tokens or max_sentence_tokens or engine.max_input_tokens,
+                              engine.max_input_tokens)
+        self.tally = Tally()
+
+    @classmethod
+    def for_engine(cls, engine: TextTranslator, cfg: DocumentConfig) -> DocumentTranslator:
+        """A translator for `engine` that splits by the rules of its run's source language and cuts what is
+        longer than its run trained on (dataset.max_len)."""
+        dataset = (engine.info.get("config") or {}).get("dataset") or {}
+        return cls(engine, cfg, dataset.get("src_lang"), dataset.get("max_len"))
+
+    def summary(self) -> str:
+        """What the layer did so far, in one line for a job's log."""
+        t = self.tally
+        line = (f"{t.sentences} sentences in {t.texts} texts ({t.cut} cut into parts, longer than "
+                f"{self.max_tokens} tokens); {t.spans} spans kept as written")
+        if t.retried or t.placed:
+            line += (f": {t.retried} came through on a second try, {t.placed} the model dropped and were "
+                     "placed at the end of their sentence")
+        return line
+
+    # -- texts to parts -------------------------------------------------------------------------------
+    def spans(self, text: str, given: Sequence[tuple[int, int]] = ()) -> list[Span]:
+        """The spans of `text` this translator protects (none with document.protect=false)."""
+        return find_spans(text, self.terms, given) if self.cfg.protect else []
+
+    def sentences(self, text: str, unbreakable: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The sentences of `text` (the whole text, stripped, with document.split=false)."""
+        if self.cfg.split:
+            return self.splitter.split(text, unbreakable)
+        stripped = text.strip()
+        return [(text.index(stripped), text.index(stripped) + len(stripped))] if stripped else []
+
+    def prepare(self, texts: Sequence[str], given: Sequence[Ranges] | None = None,
+                unbreakable: Sequence[Ranges] | None = None, fold: bool = True) -> Prepared:
+        """Every text's parts: its sentences, cut where too long, their spans masked (`given`: each text's
+        ranges that must pass as they are; `unbreakable`: ranges no sentence boundary may cut, such as
+        inline markup's)."""
+        out = Prepared()
+        fits = self._fits()
+        for i, text in enumerate(texts):
+            spans = self.spans(text, given[i] if given else ())
+            out.tally.texts += 1
+            out.tally.spans += len(spans)
+            whole = [(s.start, s.end) for s in spans] + list(unbreakable[i] if unbreakable else ())
+            for start, end in self.sentences(text, whole):
+                out.tally.sentences += 1
+                pieces = cut_long(text[start:end], fits)
+                out.tally.cut += len(pieces) > 1
+                for a, b in pieces:
+                    inside = [dataclasses.replace(s, start=s.start - start - a, end=s.end - start - a)
+                              for s in spans if start + a <= s.start and s.end <= start + b]
+                    out.parts.append(self._part(i, text, start + a, start + b, inside, fold))
+        return out
+
+    def _part(self, index: int, text: str, start: int, end: int, spans: list[Span],
+              fold: bool) -> SentencePart:
+        """One part, masked; folded to sentence case when it is in ALL CAPS or lowercase (as the engine
+        would fold it, but with its stand-ins left in the case the model knows them in)."""
+        sentence = text[start:end]
+        case = one_case(blanked(sentence, spans)) if fold else None
+        folded = sentence_case(sentence) if case else sentence
+        if len(folded) != len(sentence):  # a character whose case has another length: leave it as is
+            case, folded = None, sentence
+        return SentencePart(index, start, end, mask(folded, spans, typed=sentence), case)
+
+    def _fits(self) -> Callable[[str], bool]:
+        limit = self.max_tokens
+
+        def fits(text: str) -> bool:
+            return len(self.engine.vocab.encode_src([text])[0]) <= limit
+        return fits
+
+    # -- parts through the engine ---------------------------------------------------------------------
+    def translate_nbest(self, texts: list[str], prefixes: list[str] | None = None,
+                        return_attention: bool = False, **options: Any) -> list[list[Translation]]:
+        """Each text's n-best list, as the engine's `translate_nbest` gives one per sentence. Attention maps
+        are of one sentence: asked for, the texts go to the engine whole."""
+        if return_attention:
+            return self.engine.translate_nbest(texts, return_attention=True, prefixes=prefixes, **options)
+        return self.translate_runs(texts, prefixes=prefixes, **options)
+
+    def translate_runs(self, texts: Sequence[str], given: Sequence[Ranges] | None = None,
+                       unbreakable: Sequence[Ranges] | None = None, prefixes: list[str] | None = None,
+                       **options: Any) -> list[list[Translation]]:
+        """translate_nbest of texts with ranges of their own to keep (`given`) and not to split
+        (`unbreakable`): the runs of a document."""
+        fold = self.engine.decoding_options(**options).input_case == "fold"
+        prepared = self.prepare(texts, given, unbreakable, fold=fold)
+        results = self.translate_parts(prepared.parts, prefixes, **options)
+        self.tally.add(prepared.tally)
+        self.tally.add(results.tally)
+        return results.joined(texts)
+
+    def translate_documents(self, sources: Sequence[str], fmt: str, names: Sequence[str],
+                            **options: Any) -> list[str]:
+        """Each document (Markdown, HTML, subtitles, plain text) translated, its structure as it was: the
+        runs of all of them in one batch, those with inline markup with word alignments (their marks are
+        projected through them)."""
+        docs = [read_document(source, fmt, name) for source, name in zip(sources, names)]
+        runs = [r for d in docs for r in d.runs]
+        texts = [_one_line(r.text) for r in runs]
+        done: dict[int, Translation] = {}
+        for align in (True, False):
+            group = [k for k, r in enumerate(runs) if bool(r.marks) == align]
+            if group:
+                nbest = self.translate_runs([texts[k] for k in group], [runs[k].keep for k in group],
+                                            [[(m.start, m.end) for m in runs[k].marks] for k in group],
+                                            alignment=align or None, **options)
+                done.update({k: n[0] for k, n in zip(group, nbest)})
+        out, k = [], 0
+        for doc in docs:
+            texts = [rendered(run, done[k + j], doc) for j, run in enumerate(doc.runs)]
+            k += len(texts)
+            out.append(doc.render(texts))
+        return out
+
+    def translate_parts(self, parts: list[SentencePart], prefixes: list[str] | None = None,
+                        **options: Any) -> PartResults:
+        """Every part's n-best list, spans restored (a part whose stand-in was dropped tried once more with
+        other stand-ins). A text's prefix starts its first part's translation."""
+        starts = None
+        if prefixes is not None:
+            first = {p.text: k for k, p in reversed(list(enumerate(parts)))}
+            starts = [prefixes[p.text] if first[p.text] == k else "" for k, p in enumerate(parts)]
+        options["input_case"] = "model"  # folded here, around the stand-ins
+        found = self.engine.translate_nbest([p.masked.text for p in parts], prefixes=starts, **options)
+        retry = [k for k, p in enumerate(parts) if missing(p.masked, _cased(p, found[k][0].text))]
+        tally = Tally()
+        if retry:
+            again = [dataclasses.replace(parts[k], masked=_remasked(parts[k].masked)) for k in retry]
+            second = self.engine.translate_nbest([p.masked.text for p in again],
+                                                 prefixes=[starts[k] for k in retry] if starts else None,
+                                                 **options)
+            for k, part, nbest in zip(retry, again, second):
+                before = len(missing(parts[k].masked, _cased(parts[k], found[k][0].text)))
+                after = len(missing(part.masked, _cased(part, nbest[0].text)))
+                if after < before:
+                    parts[k], found[k] = part, nbest
+                    tally.retried += before - after
+        results = PartResults(parts, [], [], tally)
+        for part, nbest in zip(parts, found):
+            rewrites = []
+            for h in nbest:
+                rewrite, placed = unmask(part.masked, _cased(part, h.text))
+                rewrites.append(rewrite)
+                tally.placed += placed if h is nbest[0] else 0
+            results.nbest.append(nbest)
+            results.unmasked.append(rewrites)
+        return results
+
+
+@dataclass
+class PartResults:
+    """Each part (as last translated), its n-best list as the engine gave it, and each hypothesis with
+    its spans restored (the rewrite from the model's text to the restored one); what restoring took."""
+
+    parts: list[SentencePart]
+    nbest: list[list[Translation]]
+    unmasked: list[list[Rewrite]]
+    tally: Tally
+
+    def by_text(self, n_texts: int) -> list[list[int]]:
+        """The indices of each text's parts, in order."""
+        grouped: list[list[int]] = [[] for _ in range(n_texts)]
+        for k, part in enumerate(self.parts):
+            grouped[part.text].append(k)
+        return grouped
+
+    def joined(self, texts: Sequence[str]) -> list[list[Translation]]:
+        """Each text's n-best list: its parts' hypotheses put back between its separators, rank by rank."""
+        out = []
+        for text, ks in zip(texts, self.by_text(len(texts))):
+            pieces = [PartTranslation(self.parts[k].start, self.parts[k].end, self.parts[k].masked.rewrite,
+                                      self.nbest[k], self.unmasked[k]) for k in ks]
+            out.append(joined(text, pieces))
+        return out
+
+
+def _one_line(text: str) -> str:
+    """A document run's text with its line breaks as spaces (the same length, so its marks stay where
+    they are): inside a paragraph or a cue, a source's line break ends no sentence."""
+    return text.translate(_BREAKS)
+
+
+_BREAKS = str.maketrans({"\n": " ", "\r": " ", "\t": " ", "\f": " ", "\v": " "})
+
+
+def _cased(part: SentencePart, text: str) -> str:
+    """A part's translation in the case its source was typed in."""
+    return CASES[part.case](text) if part.case else text
+
+
+def _remasked(masked: Masked) -> Masked:
+    """The same sentence masked with the next stand-ins of each span's pool."""
+    again = mask(masked.rewrite.old, masked.spans, attempt=1)
+    return dataclasses.replace(again, originals=masked.originals)
