@@ -30,7 +30,8 @@ SCRIPTS = ROOT / "scripts"
 # Every script (a file with a __main__ block) and the test below that runs it.
 TESTED = {"adaptation_study.py", "average_checkpoints.py", "back_translation.py", "benchmark.py",
           "benchmark_data.py", "benchmark_decoding.py", "benchmark_export.py", "benchmark_serve.py",
-          "plot_learning_curve.py", "results_table.py", "stress_serve.py"}
+          "plot_learning_curve.py", "results_table.py", "stress_serve.py", "benchmark_documents.py",
+          "measure_stand_ins.py"}
 
 
 @pytest.fixture
@@ -126,6 +127,25 @@ def test_benchmark_decoding(script, tiny_run: Path, tmp_path: Path) -> None:
     for key in ("greedy_nocache_sent_s", "greedy_cache_sent_s", "beam5_sent_s", "cache_speedup",
                 "beam5_cost_vs_greedy"):
         assert r[key] > 0, key
+
+
+def test_benchmark_documents(script, tiny_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "documents.json"
+    assert script("benchmark_documents").main([str(tiny_run), "--sentences", "12", "--rounds", "1",
+                                               "--beam", "2", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["sentences"] == 12 and 3 <= r["paragraphs"] <= 6 and r["ratio"] > 0
+    assert set(r["sentences_per_s"]) == {"engine, one a line", "documents layer, one a line",
+                                         "documents layer, paragraphs"}
+
+
+def test_measure_stand_ins(script, tiny_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "stand_ins.json"
+    module = script("measure_stand_ins")
+    assert module.main([str(tiny_run), "--cases", "2", "--beam", "1", "--out", str(out)]) == 0
+    rates = json.loads(out.read_text())["rates"]
+    assert set(rates) == set(module.CANDIDATES)
+    assert all(0 <= rate <= 1 for kinds in rates.values() for rate in kinds.values())
 
 
 def test_benchmark_export(script, tiny_run: Path, tmp_path: Path) -> None:

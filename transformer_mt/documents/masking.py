@@ -1,9 +1,8 @@
 """Spans replaced by stand-ins before the model, and put back in its translation.
 
-Each protected span of a sentence gets a stand-in of its class that the sentence does not already hold
-(numbers stand for numbers, names for addresses, codes and terms), and the model translates the masked
-sentence. Afterwards each stand-in found in the translation, as a whole word and in any case, is
-replaced by its span. A stand-in the model dropped is first retried with the next stand-in of its pool;
+Each protected span of a sentence gets a stand-in that the sentence does not already hold, and the model
+translates the masked sentence. Afterwards each stand-in found in the translation, as a whole word and in
+any case, is replaced by its span. A stand-in the model dropped is first retried with the next stand-in;
 if that is dropped too, the span is placed at the end of the translation, before its final punctuation,
 and counted: a span is never lost silently.
 """
@@ -17,19 +16,11 @@ from dataclasses import dataclass
 from transformer_mt.documents.rewrite import Edit, Rewrite
 from transformer_mt.documents.spans import Span
 
-# The stand-ins, most reliably copied first (docs/documents.md measures them). Numbers keep a number's
-# place in the sentence (agreement, prepositions); a frequent name keeps any other span's.
-NUMERIC = ("number", "price", "time", "year")
-STAND_INS: dict[str, tuple[str, ...]] = {
-    "numeric": ("30", "50", "20", "40", "60", "80", "70", "90", "15", "25", "35", "45"),
-    "name": ("Tom", "John", "Boston", "Paris", "Tokyo", "Jim", "Bill", "Ken", "Kate", "Alice", "Emily",
-             "Jack"),
-}
+# The stand-ins, the most reliably copied first (scripts/measure_stand_ins.py; docs/documents.md): names
+# a corpus writes the same on both sides of a pair, which models copy far more often than a number, for
+# numbers too; none a name that translations respell (Mary, Marie, Maria).
+STAND_INS: tuple[str, ...] = ("Boston", "Tokyo", "Tom", "Paris", "John", "Chicago", "Kyoto", "Berlin")
 _FINAL = re.compile(r"[\s\u00a0\u202f]*[.!?…。！？]*[\s\u00a0\u202f]*$")
-
-
-def stand_in_class(kind: str) -> str:
-    return "numeric" if kind in NUMERIC else "name"
 
 
 def _word(stand_in: str) -> re.Pattern[str]:
@@ -53,15 +44,14 @@ class Masked:
 
 
 def mask(sentence: str, spans: Sequence[Span], attempt: int = 0, typed: str | None = None) -> Masked:
-    """The sentence with each span replaced by a stand-in of its class (the `attempt`-th choice, so that a
-    retry uses others); no stand-in is one the sentence holds elsewhere, and no two spans share one.
+    """The sentence with each span replaced by a stand-in (the `attempt`-th free one, so that a retry uses
+    others); no stand-in is one the sentence holds elsewhere, and no two spans share one.
     `typed`: the sentence as typed, where `sentence` is it folded (its spans are restored as typed)."""
     edits, used = [], set()
     present = {w.lower() for w in re.findall(r"\w+", blanked(sentence, spans))}
     for span in spans:
-        pool = STAND_INS[stand_in_class(span.kind)]
-        free = [s for s in pool if s.lower() not in present and s not in used]
-        choice = free[attempt % len(free)] if free else f"{pool[0]}{len(used)}"
+        free = [s for s in STAND_INS if s.lower() not in present and s not in used]
+        choice = free[attempt % len(free)] if free else f"{STAND_INS[0]}{len(used)}"
         used.add(choice)
         edits.append(Edit(span.start, span.end, choice))
     rewrite = Rewrite.of(sentence, edits)
