@@ -27,19 +27,20 @@ _PATH = (r"(?<![\w/])(?:~|\.{1,2})?/(?:[\w.@-]+/)*[\w.@-]+|\b[A-Za-z]:\\(?:[^\\\
 _TIME = r"\b\d{1,2}:\d{2}(?::\d{2})?(?:\s?(?:[ap]m\b|[ap]\.m\.))?"
 _AMOUNT = r"\d{1,3}(?:[,.\u00a0\u202f ]\d{3})+(?:[.,]\d+)?|\d+(?:[.,]\d+)?"
 _PRICE = rf"[$€£¥]\s?(?:{_AMOUNT})|(?:{_AMOUNT})\s?(?:€|\$|£|EUR|USD|GBP|CHF)(?!\w)"
-_PHONE = r"\+\d{1,3}(?:[ .-]\d{1,4}){2,}\b|\(?\b\d{2,4}\)?(?:[ .-]\d{2,4}){2,}\b"
+_PHONE = r"\+\d{1,3}(?:[ .-]?\(?\d+\)?)+|\(?\b\d{2,5}\)?(?:[ .-]\d{2,}){1,4}\b"
 # a code: hyphenated pieces with a letter and a digit (AB-1234), or capitals and digits (X7K9P2)
 _CODE = (r"\b(?=[A-Za-z0-9-]*\d)(?=[A-Za-z0-9-]*[A-Za-z])[A-Za-z0-9]+(?:-[A-Za-z0-9]+)+\b"
          r"|\b(?=[A-Z]*\d)(?=\d*[A-Z])[A-Z0-9]{3,}\b")
 _YEAR = r"\b(?:1[5-9]\d\d|20\d\d)\b(?![.,]\d)"
-_NUMBER = rf"{_PHONE}|\b(?:{_AMOUNT})\b"
+_NUMBER = rf"\b(?:{_AMOUNT})\b"
 
 # The kinds, in the order they claim text: an address before the numbers inside it, a price before its
 # amount. "term" (the user's list) and "markup" (a format's inline pieces) are given, not found.
 PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (kind, re.compile(pattern, re.IGNORECASE if kind in ("url", "email") else 0))
     for kind, pattern in (("email", _EMAIL), ("url", _URL), ("path", _PATH), ("time", _TIME),
-                          ("price", _PRICE), ("code", _CODE), ("year", _YEAR), ("number", _NUMBER)))
+                          ("price", _PRICE), ("code", _CODE), ("number", _PHONE), ("year", _YEAR),
+                          ("number", _NUMBER)))
 KINDS = ("number", "price", "time", "year", "email", "url", "code", "path", "term", "markup")
 _ORDINAL = re.compile(r"\d+(?:st|nd|rd|th|e|er|re|ème|ème|te|ten)\b", re.IGNORECASE)
 
