@@ -29,9 +29,9 @@ from transformer_mt.tables import markdown_table
 SCRIPTS = ROOT / "scripts"
 # Every script (a file with a __main__ block) and the test below that runs it.
 TESTED = {"adaptation_study.py", "average_checkpoints.py", "back_translation.py", "benchmark.py",
-          "benchmark_data.py", "benchmark_decoding.py", "benchmark_export.py", "benchmark_serve.py",
-          "plot_learning_curve.py", "results_table.py", "stress_serve.py", "benchmark_documents.py",
-          "measure_stand_ins.py"}
+          "benchmark_data.py", "benchmark_decoding.py", "benchmark_documents.py", "benchmark_export.py",
+          "benchmark_segmenters.py", "benchmark_serve.py", "measure_stand_ins.py", "plot_learning_curve.py",
+          "results_table.py", "stress_serve.py"}
 
 
 @pytest.fixture
@@ -176,6 +176,38 @@ def test_benchmark_data(script, tmp_path: Path) -> None:
         assert 0 < row["prepare_peak_anon_mib"] <= row["prepare_peak_rss_mib"]  # RSS counts the anonymous
     for ratio, key in (("rss", "prepare_peak_rss_mib"), ("anon", "prepare_peak_anon_mib")):
         assert r[f"{ratio}_ratio_largest_vs_smallest"] == pytest.approx(large[key] / small[key])
+
+
+def test_benchmark_segmenters(script, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                              capsys: pytest.CaptureFixture) -> None:
+    """Two segmenters whose figures are known without running them: one that never splits (no join
+    found, nothing split inside an entry, right on the hard cases of one sentence only) and one that
+    splits at every space (every join found, and each three-word entry split twice inside)."""
+    bench = script("benchmark_segmenters")
+    monkeypatch.setattr(bench, "CANDIDATES", {"never": ("json", "json", lambda lang: lambda text: [text]),
+                                              "every space": ("json", "json", lambda lang: str.split),
+                                              "absent": ("no_such_module", "no-such-package", None)})
+    corpora = []
+    for name, other in (("fra", "Phrase"), ("deu", "Satz")):
+        corpora.append(tmp_path / f"{name}-eng.zip")
+        with zipfile.ZipFile(corpora[-1], "w") as archive:
+            archive.writestr(f"{name}.txt", "".join(f"Sentence number {i}.\t{other} Nummer {i}.\tCC-BY 2.0\n"
+                                                    for i in range(40)))
+    out = tmp_path / "segmenters.json"
+    args = ["--corpora", *map(str, corpora), "--lines", "9", "--rounds", "1", "--out", str(out)]
+    assert bench.main(args) == 0
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"en", "fr", "de"}
+    for lang, found in results.items():
+        never, spaces = found["never"], found["every space"]
+        assert (never["recall"]["all"], never["exact_lines"], never["inside_per_1000_entries"]) == (0, 0, 0)
+        one = sum(len(sentences) == 1 for _, _, sentences in bench.HARD_CASES[lang])
+        hard = never["hard_cases"]
+        assert hard["right"] == one == hard["of"] - len(hard["wrong"])
+        assert spaces["recall"] == {"2": 1.0, "3": 1.0, "5": 1.0, "all": 1.0}
+        assert spaces["entries"] == 3 * (2 + 3 + 5) and spaces["inside_per_1000_entries"] == 2000
+        assert never["sentences_per_s"] > 0 and spaces["sentences_per_s"] > 0
+    assert "pip install no-such-package" in capsys.readouterr().out
 
 
 def test_benchmark_serve(script, tiny_run: Path, tmp_path: Path) -> None:
