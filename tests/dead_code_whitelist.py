@@ -73,8 +73,3 @@ _.handle_pi
 _.unknown_decl
 attrs
 decl
-# The documents layer's entry points for the pipeline that translates documents (documents/pipeline.py);
-# until it calls them, only tests do.
-format_for
-read_document
-render_run

@@ -11,10 +11,12 @@ from transformer_mt.documents.projection import project
 
 
 def rendered(run: Run, translation: Translation, doc: Document) -> str:
-    """One run written back: the translation, its marks projected, its kept ranges found again."""
-    text = translation.text
-    if not text.strip():
-        return run.raw if not run.text.strip() else ""
+    """One run written back: the translation, its marks projected, its kept ranges found again; a run the
+    model translated into nothing stays as it was, rather than leave its element (a table cell, a list
+    item) empty or gone."""
+    text = translation.text.strip()
+    if not text:
+        return run.raw
     marks = project(run.marks, run.text, text, translation.alignment or []) if run.marks else []
     return render_run(text, marks, _kept(run, text), doc.escape)
 

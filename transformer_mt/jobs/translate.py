@@ -25,8 +25,9 @@ from transformer_mt.decoding.alignment import pharaoh
 from transformer_mt.decoding.engine import load_engine
 from transformer_mt.decoding.search import alignment
 from transformer_mt.decoding.translator import TextTranslator, Translation, check_default_prefix
-from transformer_mt.documents.formats import format_for
+from transformer_mt.documents.formats import format_for, read_document
 from transformer_mt.documents.pipeline import DocumentTranslator
+from transformer_mt.documents.spans import read_terms
 from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.runtime.files import atomic_write
 
@@ -157,18 +158,29 @@ def translate_fitting(docs: DocumentTranslator, sources: list[str], prefixes: li
     return results, failed
 
 
-def write_document(docs: DocumentTranslator, path: Path, fmt: str, cfg: TranslateConfig) -> None:
-    """A Markdown, HTML or subtitle file translated whole, its structure as it was, to output= (written
-    only once complete) or stdout."""
+def read_first(cfg: TranslateConfig, fmt: str) -> str | None:
+    """What can be wrong with the input, found before the model loads: the list of terms, and a document
+    (Markdown, HTML, subtitles) read and parsed whole; its text, or None for text a line."""
+    if cfg.document.keep_terms:
+        read_terms(cfg.document.keep_terms)
+    if not cfg.input or fmt == "text":
+        return None
     if cfg.decoding.n_best > 1 or cfg.scores or cfg.decoding.alignment or cfg.input_format != "text":
         raise ConfigError(f"document.format={fmt} writes the document translated; n-best lists, scores, "
                           "alignments and input_format=tsv are for text a line (document.format=text)")
-    source = read_utf8(path)
-    translated = docs.translate_documents([source], fmt, [str(path)])[0]
+    source = read_utf8(Path(cfg.input))
+    read_document(source, fmt, cfg.input)
+    return source
+
+
+def write_document(docs: DocumentTranslator, source: str, fmt: str, cfg: TranslateConfig) -> None:
+    """A Markdown, HTML or subtitle file translated whole, its structure as it was, to output= (written
+    only once complete) or stdout."""
+    translated = docs.translate_documents([source], fmt, [str(cfg.input)])[0]
     log.info("%s", docs.summary())
     if cfg.output:
         atomic_write(Path(cfg.output), lambda f: f.write(translated.encode("utf-8")))
-        log.info("%s translated into %s", path, cfg.output)
+        log.info("%s translated into %s", cfg.input, cfg.output)
     else:
         sys.stdout.write(translated)
         sys.stdout.flush()
@@ -194,6 +206,7 @@ def write_file(path: Path, write: Callable[[TextIO], T]) -> T:
 def translate(cfg: TranslateConfig) -> None:
     """Entry point of `transformer-mt translate`."""
     fmt = format_for(cfg.input, cfg.document.format)
+    document = read_first(cfg, fmt)
     engine = load_engine(cfg)
     check_default_prefix(engine)
     docs = DocumentTranslator.for_engine(engine, cfg.document)
@@ -204,8 +217,8 @@ def translate(cfg: TranslateConfig) -> None:
     with contextlib.ExitStack() as stack:
         if cfg.text is not None:
             lines: Iterable[str] = cfg.text.split("\n")
-        elif cfg.input and fmt != "text":
-            write_document(docs, Path(cfg.input), fmt, cfg)
+        elif document is not None:
+            write_document(docs, document, fmt, cfg)
             return
         elif cfg.input:
             path = Path(cfg.input)
