@@ -163,6 +163,19 @@ def test_substitution_is_drawn_per_pair_and_epoch_at_its_probability(vocab: Voca
         assert t != vt and _replacements(t, vt, shared_spans(s, t)) is not None
 
 
+def test_a_tagged_corpus_keeps_its_tag_when_its_names_change(vocab: Vocabulary,
+                                                             pairs: list[tuple[str, str]]) -> None:
+    tagged = [(f"<bt> {s}", t) for s, t in pairs if shared_spans(s, t)][:50]
+    split = encoded_split(vocab, tagged)
+    variants = InputVariants(vocab, [CorpusVariants(0, 50, VariantsConfig(substitute=1.0), "<bt>")], 1, 200)
+    varied, shown = variants.apply(split, epoch=0)
+    assert shown["substitute"] == 50
+    for (source, target), (new_source, new_target) in zip(tagged, _text(vocab, varied), strict=True):
+        spans = shared_spans(source[5:], target)
+        assert new_source.startswith("<bt> ") and _replacements(source[5:], new_source[5:], spans) is not None
+        assert _replacements(target, new_target, spans) is not None
+
+
 def test_no_unknown_character_is_brought_in(pairs: list[tuple[str, str]]) -> None:
     """With a vocabulary of the corpus's characters, a name of letters it never saw would be <unk>:
     such a pair stays as it was."""
