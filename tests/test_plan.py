@@ -123,7 +123,7 @@ def test_a_planned_run_takes_the_input_variants_unless_you_chose_any() -> None:
     or a config's variants, are yours, and then the plan sets none."""
     auto = ["training.plan=auto", "training.max_minutes=5"]
     planned = planning.inputs(compose("train", auto), auto)
-    assert dataclasses.asdict(planned.dataset.variants) == rules.VARIANTS
+    assert planned.dataset.variants == VariantsConfig(**rules.VARIANTS)
     for overrides in ([*auto, "dataset.variants.caps=0"], [*auto, "dataset.variants.typos=0.3"], []):
         cfg = compose("train", overrides)
         assert planning.inputs(cfg, overrides).dataset.variants == cfg.dataset.variants, overrides
@@ -423,7 +423,8 @@ def test_a_planned_run_records_its_plan(planned_run: Path) -> None:
     saved = load_checkpoint(planned_run / "latest.pt")
     assert saved["plan"] == result["plan"]
     assert saved["config"]["training"]["lr"] == plan.values["training.lr"]  # the run trained with it
-    assert saved["config"]["dataset"]["variants"] == rules.VARIANTS  # chosen before the data (plan.inputs)
+    # chosen before the data (plan.inputs)
+    assert saved["config"]["dataset"]["variants"] == dataclasses.asdict(VariantsConfig(**rules.VARIANTS))
     assert "| training.lr |" in plan.table() and "target tokens/s" in plan.table()
 
 

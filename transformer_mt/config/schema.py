@@ -39,13 +39,16 @@ class Section:
 class VariantsConfig:
     """Input as people type it (data/variants.py): the probability that a training pair shows each
     variant in an epoch. caps, title, lower: both sides, at most one of them a pair; no_punct, typos: the
-    source alone."""
+    source alone; substitute: both sides, of the pairs with a name or number on both; join: the pair is
+    shown inside a longer example (data/joining.py)."""
 
     caps: float = 0.0  # ALL CAPS
     title: float = 0.0  # Title Case
     lower: float = 0.0  # all lowercase
     no_punct: float = 0.0  # the final punctuation left out
     typos: float = 0.0  # some longer words misspelt
+    substitute: float = 0.0  # the names and numbers it has on both sides replaced by new ones (Faker's)
+    join: float = 0.0  # joined with one or two other pairs of the epoch into one longer example
 
 
 @dataclass

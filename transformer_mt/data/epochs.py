@@ -1,12 +1,19 @@
 """What each training epoch trains on: the training pairs and their shuffled token batches.
 
 Without input variants or subword regularisation that is the same split every epoch, shuffled anew.
-With variants (`dataset.variants`) some pairs are first written as people type (variants.py); with
-subword regularisation (`tokenizer.dropout`, `tokenizer.alpha`) the pairs are then segmented anew for
-the epoch (segmentation.py); the batches follow their new lengths. With several corpora
-(`dataset.mix`), the epoch holds the rows their weights draw for it (mixture.py). The batch size is the
-run's, fixed before training starts. On a GPU (`ahead=True`) the next epoch is built in a worker
-process while one trains (ahead.py).
+In turn, each step on the pairs of the one before:
+1. with variants (`dataset.variants`) some pairs are written as people type, or with other names and
+   numbers (variants.py);
+2. with several corpora (`dataset.mix`), the epoch holds the rows their weights draw for it (mixture.py);
+3. with `dataset.variants.join`, some of those pairs are joined two or three at a time into longer
+   examples (joining.py): here, where the epoch's pairs are known, so that only pairs the epoch holds
+   are joined; the epoch then has fewer, longer examples;
+4. with subword regularisation (`tokenizer.dropout`, `tokenizer.alpha`) the pairs, joined ones too, are
+   segmented anew for the epoch (segmentation.py).
+The batches follow the pairs' lengths; the batch size is the run's, fixed before training starts. An
+epoch depends on its number and the run's seed alone, so a resumed run rebuilds the epoch it stopped
+in and goes on at its batch. On a GPU (`ahead=True`) the next epoch is built in a worker process while
+one trains (ahead.py).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any
 from transformer_mt.data.ahead import EpochsAhead
 from transformer_mt.data.batching import Batch, TokenBatchSampler
 from transformer_mt.data.encode import EncodedSplit
+from transformer_mt.data.joining import PairJoins
 from transformer_mt.data.mixture import Mixture
 from transformer_mt.data.segmentation import SubwordSampler
 from transformer_mt.data.variants import InputVariants
@@ -34,12 +42,12 @@ class TrainingEpochs:
     def __init__(self, train: EncodedSplit, batch_tokens: int, seed: int,
                  subwords: SubwordSampler | None = None, pad_to_multiple: int = 1,
                  mixture: Mixture | None = None, variants: InputVariants | None = None,
-                 ahead: bool = False) -> None:
+                 joins: PairJoins | None = None, ahead: bool = False) -> None:
         self.train, self.batch_tokens, self.seed = train, batch_tokens, seed
         self.subwords = subwords
         self.pad_to_multiple = pad_to_multiple  # batch lengths and row counts (batching.py)
-        self.mixture, self.variants = mixture, variants
-        self._varies = (subwords is not None or variants is not None
+        self.mixture, self.variants, self.joins = mixture, variants, joins
+        self._varies = (subwords is not None or variants is not None or joins is not None
                         or (mixture is not None and mixture.varies))
         self._latest: tuple[int, EncodedSplit, TokenBatchSampler] | None = None
         self._ahead = EpochsAhead(self._build) if ahead and self._varies else None
@@ -81,17 +89,21 @@ class TrainingEpochs:
 
     def _build(self, epoch: int, say: Callable[..., None]) -> tuple[EncodedSplit, TokenBatchSampler]:
         """`epoch`'s pairs and sampler, each step that makes them told by `say` (a log level's function)."""
-        split = self.train
+        split, shown, rows = self.train, {}, None
         if self.variants is not None:
             split, shown = self.variants.apply(split, epoch)
-            say("epoch %d: input variants: %s", epoch + 1,
-                ", ".join(f"{n} pairs {name}" for name, n in shown.items()) or "none drawn")
-        if self.subwords is not None:
-            split = self._resegment(split, epoch, say)
         if self.mixture is not None:
             rows = self.mixture.rows(epoch)
             split = split.subset(rows)
             say("epoch %d: %d training pairs: %s", epoch + 1, len(rows), self.mixture.describe(rows))
+        said = [f"{n} pairs {name}" for name, n in shown.items()]
+        if self.joins is not None:
+            split, joined, examples = self.joins.apply(split, rows, epoch)
+            said += [f"{joined} pairs joined into {examples} examples"] if joined else []
+        if self.variants is not None or self.joins is not None:
+            say("epoch %d: input variants: %s", epoch + 1, ", ".join(said) or "none drawn")
+        if self.subwords is not None:
+            split = self._resegment(split, epoch, say)
         sampler = TokenBatchSampler(split.lengths(), self.batch_tokens, seed=self.seed,
                                     pad_to_multiple=self.pad_to_multiple)
         say("epoch %d: %d batches in %d shapes, %.1f%% of their positions padding", epoch + 1, len(sampler),

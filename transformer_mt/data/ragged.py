@@ -33,6 +33,13 @@ class Ragged:
         return cls(flat, offsets[:-1], offsets[1:])
 
     @classmethod
+    def from_lists(cls, ids: Sequence[Sequence[int]]) -> Ragged:
+        """Sequences given as lists of ids, copied into one new flat int32 array."""
+        offsets = np.concatenate([[0], np.cumsum([len(row) for row in ids], dtype=np.int64)])
+        flat = np.fromiter((i for row in ids for i in row), dtype=np.int32, count=int(offsets[-1]))
+        return cls.from_offsets(flat, offsets)
+
+    @classmethod
     def concat(cls, parts: Sequence[Ragged]) -> Ragged:
         """The sequences of all parts in order, their ids copied into one new flat array."""
         flats, offsets, total = [], [np.zeros(1, np.int64)], 0

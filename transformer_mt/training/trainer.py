@@ -26,6 +26,7 @@ from transformer_mt.checkpoints import store as ckpt
 from transformer_mt.config import TrainConfig
 from transformer_mt.data import Batch
 from transformer_mt.data.epochs import TrainingEpochs
+from transformer_mt.data.joining import build as joined_pairs
 from transformer_mt.data.segmentation import build as subword_sampler
 from transformer_mt.data.variants import build as input_variants
 from transformer_mt.decoding.metrics import improves
@@ -67,8 +68,9 @@ class Trainer:
         subwords = subword_sampler(self.vocab, cfg.tokenizer, cfg.seed, cfg.dataset.max_len)
         pad = pad_to_multiple(t.pad_to_multiple, self.device, cfg.device.compile)
         variants = input_variants(self.vocab, cfg.dataset, self.data.mixture, cfg.seed, len(self.data.train))
+        joins = joined_pairs(self.vocab, cfg.dataset, self.data.mixture, cfg.seed, len(self.data.train))
         self.epochs = TrainingEpochs(self.data.train, t.batch_tokens, cfg.seed, subwords, pad,
-                                     self.data.mixture, variants, ahead=self.device.type != "cpu")
+                                     self.data.mixture, variants, joins, ahead=self.device.type != "cpu")
         self.clock = TrainingClock(t.max_minutes, spent_s, clock)  # before the schedule
         # This rank's batches per epoch: epoch 0's even when resuming (re-drawn epochs differ); the worker
         # starts on the epoch after the one training starts in, known once the run is restored
