@@ -19,8 +19,8 @@ from typing import Any
 from transformer_mt.config import DocumentConfig
 from transformer_mt.data.text_variants import CASES, one_case, sentence_case
 from transformer_mt.decoding.translator import TextTranslator, Translation
+from transformer_mt.documents.assembly import PartTranslation, joined
 from transformer_mt.documents.formats import read_document
-from transformer_mt.documents.joining import PartTranslation, joined
 from transformer_mt.documents.masking import Masked, blanked, mask, missing, unmask
 from transformer_mt.documents.rendering import rendered
 from transformer_mt.documents.rewrite import Rewrite

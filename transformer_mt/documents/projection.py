@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from transformer_mt.documents.joining import words
+from transformer_mt.documents.assembly import words
 from transformer_mt.documents.pieces import Mark
 
 _FINAL = ".!?…。！？"
