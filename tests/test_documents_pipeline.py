@@ -159,7 +159,7 @@ def test_sentences_of_every_text_go_to_the_engine_in_one_call_and_come_back_arou
              "  Call 0585738843 or write to anna7@mail.com!\n\nSee you at 10:30.  ", "", "One."]
     out = docs.translate_nbest(texts)
     assert [n[0].text for n in out] == [texts[0], texts[1], "", "One."]
-    assert len(engine.calls) == 1 and len(engine.calls[0]) == 3 + 2 + 1  # an empty text has none
+    assert len(engine.calls) == 1 and len(engine.calls[0]) == 3 + 2 + 1 + 1  # the empty text as it is
     assert "0585738843" not in " ".join(engine.calls[0])
     assert [n[0].score for n in out[:1]] == [-3.0]  # three sentences' scores added up
     assert docs.tally.sentences == 6 and docs.tally.spans == 3 and docs.tally.placed == 0

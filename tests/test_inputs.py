@@ -103,12 +103,15 @@ def test_translate_output_is_written_chunk_by_chunk_then_renamed_into_place(
     monkeypatch.setattr(Translator, "translate_nbest", spy)
     monkeypatch.setattr(translate_job, "CHUNK_LINES", 3)
     tmt.translate([*common, f"output={out}"])
-    assert seen == [(False, 0), (False, 3), (False, 6), (False, 9)]  # each chunk on disk before the next
+    # each chunk on disk before the next (a chunk whose stand-ins the model dropped is asked twice)
+    assert list(dict.fromkeys(seen)) == [(False, 0), (False, 3), (False, 6), (False, 9)]
     assert out.read_text(encoding="utf-8") == expected
     assert [p.name for p in out.parent.iterdir()] == [out.name]  # no temporary file left
 
+    seen.clear()
+
     def fail(self: Translator, sentences: list[str], *args: object, **kwargs: object) -> object:
-        if len(seen) == 6:
+        if len(seen) == 2:  # in the second chunk, or later: the first is written
             raise KeyboardInterrupt
         return spy(self, sentences, *args, **kwargs)
 

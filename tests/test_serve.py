@@ -195,12 +195,21 @@ def test_curl_style_form_body_is_read_as_json(client: TestClient, engine: Transl
 
 
 # -- the batcher, with an engine that records its batches ----------------------------------------------
+class WordPieces:
+    """A vocabulary whose tokens are words: what the documents layer's length rule asks of a vocabulary."""
+
+    def encode_src(self, texts: list[str]) -> list[list[int]]:
+        return [[0] * len(t.split()) for t in texts]
+
+
 class RecordingEngine(TextTranslator):
     """Translates by upper-casing; can hold the worker on its first batch; records every batch begun
     (`started`, before the hold) and done (`batches`)."""
 
     def __init__(self, hold: threading.Event | None = None, fail_on: str | None = None) -> None:
         self.decoding = DecodingConfig()
+        self.vocab = WordPieces()  # type: ignore[assignment]
+        self.limit_inputs(512, None)
         self.started: list[list[str]] = []
         self.batches: list[tuple[list[str], int | None]] = []
         self.prefixes: list[object] = []  # each batch's prefixes= argument

@@ -58,7 +58,7 @@ class EvaluateConfig:
     tgt_lang: str | None = None  # a model of several target languages: which (null: its first)
     robustness: bool = False  # also score the set as people type it: ALL CAPS, lowercase, typos, ...
     documents: bool = False  # also score text as people have it: several sentences a line, spans, names
-    document: DocumentConfig = field(default_factory=DocumentConfig)  # how texts become sentences and back
+    document: DocumentConfig = field(default_factory=DocumentConfig)  # how the documents report's texts go
     seed: int = 1  # the robustness and documents reports draw their typos and cases from it
     traceback: bool = False
 

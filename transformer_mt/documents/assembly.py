@@ -4,6 +4,7 @@ carried from the words the model saw and wrote to the words of the text and of i
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,8 +43,8 @@ def _owners(spans: Sequence[tuple[int, int]], of: Sequence[tuple[int, int]]) -> 
 def joined(text: str, parts: Sequence[PartTranslation]) -> list[Translation]:
     """The text's n-best list: rank k joins each part's k-th hypothesis (its last, where it has fewer),
     between the text's separators; scores add up; alignments join when every part has one."""
-    if not parts:
-        return [Translation(text.strip() and "", 0.0)]
+    if not text.strip():  # what the engine made of an empty text (its prefix, or nothing)
+        return [dataclasses.replace(h, text=r.new) for h, r in zip(parts[0].nbest, parts[0].restored)]
     depth = max(len(p.nbest) for p in parts)
     return [_rank(text, parts, k) for k in range(depth)]
 

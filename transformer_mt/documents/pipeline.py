@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from transformer_mt.config import DocumentConfig
+from transformer_mt.config import DecodingConfig, DocumentConfig
 from transformer_mt.data.text_variants import CASES, one_case, sentence_case
 from transformer_mt.decoding.translator import TextTranslator, Translation
 from transformer_mt.documents.assembly import PartTranslation, joined
@@ -29,6 +29,7 @@ from transformer_mt.documents.spans import Span, find_spans, read_terms
 
 log = logging.getLogger(__name__)
 Ranges = Sequence[tuple[int, int]]  # (start, end) character ranges of a text
+_DECODING = {f.name for f in dataclasses.fields(DecodingConfig)}
 
 
 @dataclass
@@ -121,6 +122,9 @@ class DocumentTranslator:
             out.tally.texts += 1
             out.tally.spans += len(spans)
             whole = [(s.start, s.end) for s in spans] + list(unbreakable[i] if unbreakable else ())
+            if not text.strip():  # to the engine as it is: it answers an empty text with its prefix, or ""
+                out.parts.append(SentencePart(i, 0, len(text), mask(text, [])))
+                continue
             for start, end in self.sentences(text, whole):
                 out.tally.sentences += 1
                 pieces = cut_long(text[start:end], fits)
@@ -133,10 +137,11 @@ class DocumentTranslator:
 
     def _part(self, index: int, text: str, start: int, end: int, spans: list[Span],
               fold: bool) -> SentencePart:
-        """One part, masked; folded to sentence case when it is in ALL CAPS or lowercase (as the engine
-        would fold it, but with its stand-ins left in the case the model knows them in)."""
+        """One part, masked. A part with spans in ALL CAPS or lowercase is folded to sentence case here, as
+        the engine would fold it, but with its stand-ins in the case the model knows them in (the engine
+        then sees mixed case and leaves it be); the engine folds any other part itself."""
         sentence = text[start:end]
-        case = one_case(blanked(sentence, spans)) if fold else None
+        case = one_case(blanked(sentence, spans)) if fold and spans else None
         folded = sentence_case(sentence) if case else sentence
         if len(folded) != len(sentence):  # a character whose case has another length: leave it as is
             case, folded = None, sentence
@@ -163,7 +168,8 @@ class DocumentTranslator:
                        **options: Any) -> list[list[Translation]]:
         """translate_nbest of texts with ranges of their own to keep (`given`) and not to split
         (`unbreakable`): the runs of a document."""
-        fold = self.engine.decoding_options(**options).input_case == "fold"
+        settings = {k: v for k, v in options.items() if k in _DECODING}  # not should_stop, tgt_lang
+        fold = self.engine.decoding_options(**settings).input_case == "fold"
         prepared = self.prepare(texts, given, unbreakable, fold=fold)
         results = self.translate_parts(prepared.parts, prefixes, **options)
         self.tally.add(prepared.tally)
@@ -201,7 +207,6 @@ class DocumentTranslator:
         if prefixes is not None:
             first = {p.text: k for k, p in reversed(list(enumerate(parts)))}
             starts = [prefixes[p.text] if first[p.text] == k else "" for k, p in enumerate(parts)]
-        options["input_case"] = "model"  # folded here, around the stand-ins
         found = self.engine.translate_nbest([p.masked.text for p in parts], prefixes=starts, **options)
         retry = [k for k, p in enumerate(parts) if missing(p.masked, _cased(p, found[k][0].text))]
         tally = Tally()

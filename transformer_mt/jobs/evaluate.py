@@ -77,9 +77,8 @@ def evaluate(cfg: EvaluateConfig) -> float:
     if not sources:
         raise DataError(f"the {name} set is empty; nothing to evaluate")
 
-    docs = DocumentTranslator.for_engine(engine, cfg.document)
     started = time.perf_counter()
-    hypotheses = _best(docs, sources)
+    hypotheses = _best(engine, sources)  # as validation decodes: sentence by sentence, as written
     seconds = time.perf_counter() - started
     scores = score(hypotheses, references)
     d = cfg.decoding
@@ -97,10 +96,11 @@ def evaluate(cfg: EvaluateConfig) -> float:
     text = "\n".join(hypotheses) + "\n"
     if cfg.robustness:  # the same sentences as people also type them (decoding/robustness.py)
         rows, signatures = robustness.robustness(
-            lambda s, **o: _best(docs, s, **o), sources, references, cfg.seed,
+            lambda s, **o: _best(engine, s, **o), sources, references, cfg.seed,
             folded=cfg.decoding.input_case == "fold", written=hypotheses)
         report["robustness"] = robustness.report(rows, signatures, cfg.seed)
     if cfg.documents:  # several sentences a line, spans, unseen names (documents/report.py)
+        docs = DocumentTranslator.for_engine(engine, cfg.document)
         documents = _documents_report(cfg, docs, sources, references, hypotheses)
         report["documents"] = documents_report.report_json(documents)
     atomic_write(out_dir / f"{stem}.hyp.txt", lambda f: f.write(text.encode("utf-8")))
@@ -120,14 +120,15 @@ def evaluate(cfg: EvaluateConfig) -> float:
     if cfg.documents:
         print(f"text as people have it (seed {cfg.seed}):")
         print(documents_report.table(documents))
-    print(f"  {docs.summary()}")
+        print(f"  {docs.summary()}")
     print(f"  wrote {out_dir / (stem + '.hyp.txt')} and {stem}.json")
     return scores.bleu
 
 
-def _best(docs: DocumentTranslator, sources: list[str], **options: Any) -> list[str]:
-    """The best translation of each source (with these decoding options), through the documents layer."""
-    return [n[0].text for n in docs.translate_nbest(sources, **options)]
+def _best(engine: Translator | DocumentTranslator, sources: list[str], **options: Any) -> list[str]:
+    """The best translation of each source (with these decoding options): by the engine, or through the
+    documents layer."""
+    return [n[0].text for n in engine.translate_nbest(sources, **options)]
 
 
 def _documents_report(cfg: EvaluateConfig, docs: DocumentTranslator, sources: list[str],
