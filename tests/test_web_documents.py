@@ -90,7 +90,7 @@ def test_each_converted_class_matches_on_every_code_point_what_pythons_does() ->
 
 
 def test_a_pattern_javascript_cannot_read_as_python_does_is_refused() -> None:
-    for source in (r"(?P<x>a)", r"(?i)a", r"a\Z", r"\1", r"[\W]", r"a++"):
+    for source in (r"(?P<x>a)", r"(?i)a", r"(?-i:a)", r"a\Z", r"(a)\1", r"[\W]", r"a++", r"a{2}+", r"(?>a)"):
         with pytest.raises(ValueError):
             js_source(source)
     assert js_source(r"a{2}{x}[]a]\.\"") == r'a{2}\{x\}[\]a]\."'  # what only Python reads as literal

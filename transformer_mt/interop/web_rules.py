@@ -92,12 +92,14 @@ def js_source(source: str) -> str:
                 start += 1
             i = start
             continue
-        elif source.startswith(_REFUSED, i) or re.match(r"\(\?[aiLmsux]", source[i:]):
+        elif source.startswith(_REFUSED, i) or re.match(r"\(\?-?[aiLmsux]", source[i:]):
             raise ValueError(f"{source[i:i + 4]}: no JavaScript equivalent written here")
-        elif c in "*+?}" and i + 1 < len(source) and source[i + 1] == "+" and source[i - 1] != "\\":
+        elif c in "*+?" and source.startswith("+", i + 1):
             raise ValueError("possessive quantifiers have no JavaScript equivalent")
         elif c == "{":
             end = _quantifier(source, i)
+            if end > i and source.startswith("+", end):
+                raise ValueError("possessive quantifiers have no JavaScript equivalent")
             out.append(source[i:end] if end > i else "\\{")
             i = max(end, i + 1)
             continue
