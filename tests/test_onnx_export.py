@@ -178,5 +178,6 @@ def test_the_page_splits_and_keeps_spans_as_the_document_translator(
     expected = [n[0].text for n in docs.translate_nbest(lines, input_case="fold")]
     assert shown["sentences"] == docs.tally.sentences == 4 * 4 + 2 + 2
     assert shown["spans"] == docs.tally.spans == 4 * 2 + 2
+    assert [shown["retried"], shown["placed"]] == [docs.tally.retried, docs.tally.placed]
     assert all(s in t for t in shown["translations"][:4] for s in ("45", "anna7@mail.com"))
     assert shown["translations"] == expected
