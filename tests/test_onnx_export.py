@@ -1,22 +1,29 @@
 """`export format=onnx` and `format=web` (interop/onnx.py, web.py): the graphs ONNX Runtime runs translate
 as our greedy search does, token for token; their int8 copies translate; the page, in Chromium, translates
-as ONNX Runtime does. Each needs its extra (and npm and Chromium for the page): skipped without."""
+as ONNX Runtime does, in one batched call as one by one, and splits texts into sentences and keeps their
+spans as DocumentTranslator does. Each needs its extra (and npm and Chromium for the page): skipped
+without."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import os
+import re
 import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import fitted_checkpoint, missing
-from transformer_mt.config import DecodingConfig
+from transformer_mt.config import DecodingConfig, DocumentConfig
 from transformer_mt.decoding.translator import Translator
+from transformer_mt.documents.pipeline import DocumentTranslator
+from transformer_mt.documents.spans import find_spans
 from transformer_mt.errors import ExportError
 from transformer_mt.interop.generate import ExportedModel
 
@@ -101,13 +108,12 @@ def static_server(web_dir: Path) -> Iterator[str]:
         server.server_close()
 
 
-@pytest.mark.browser
-def test_the_page_translates_in_chromium_as_onnx_runtime(web_dir: Path, static_server: str,
-                                                         fit_pairs: tuple[list[str], list[str]]) -> None:
+@contextlib.contextmanager
+def chromium_page(url: str) -> Iterator[tuple[Any, list[str]]]:
+    """The page open in headless Chromium, its model loaded, and the list of every URL it requests."""
     sync_api = pytest.importorskip("playwright.sync_api")
     if not CHROMIUM.exists():
         missing(f"no {CHROMIUM}; to run this test: apt-get install chromium (Debian)")
-    sources = fit_pairs[0][-20:]
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=[
             "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"])
@@ -115,12 +121,63 @@ def test_the_page_translates_in_chromium_as_onnx_runtime(web_dir: Path, static_s
             page = browser.new_page()
             requests: list[str] = []
             page.on("request", lambda r: requests.append(r.url))
-            page.goto(static_server, timeout=60_000)
+            page.goto(url, timeout=60_000)
             page.wait_for_function("window.pageReady === true", timeout=120_000)
-            shown = page.evaluate("(lines) => window.translateLines(lines)", sources)
+            yield page, requests
         finally:
             browser.close()
+
+
+# Each sentence in one call of generate, then one by one, timed after a first call that loads the graphs.
+TIMED = """async (sentences) => {
+  await window.translateSentences(sentences.slice(0, 2));
+  let started = performance.now();
+  const batched = await window.translateSentences(sentences);
+  const batchedMs = performance.now() - started;
+  started = performance.now();
+  const single = await window.translateSentences(sentences, false);
+  return { batched, single, batchedMs, singleMs: performance.now() - started };
+}"""
+
+
+@pytest.mark.browser
+def test_the_page_translates_in_chromium_as_onnx_runtime(web_dir: Path, static_server: str,
+                                                         fit_pairs: tuple[list[str], list[str]]) -> None:
+    """In one batched call as one by one, each sentence as ONNX Runtime translates it alone."""
+    sources = fit_pairs[0][-20:]
+    with chromium_page(static_server) as (page, requests):
+        shown = page.evaluate(TIMED, sources)
     expected = ort_greedy(web_dir / "models" / "model", sources)
-    assert sum(bool(t) for t in expected) >= 15 and shown == expected
+    assert sum(bool(t) for t in expected) >= 15
+    assert shown["batched"] == expected and shown["single"] == expected
+    print(f"{len(sources)} sentences: {shown['batchedMs']:.0f} ms in one call, "
+          f"{shown['singleMs']:.0f} ms one by one")
     local = (static_server, f"blob:{static_server}")  # blob: the page's own worker script
     assert all(url.startswith(local) for url in requests), [u for u in requests if not u.startswith(local)]
+
+
+def one_sentence(text: str) -> bool:
+    """A sentence that every segmenter reads as one (a capital first, its only full stop at its end), with
+    no span of its own."""
+    return re.fullmatch(r"[A-Z][^.!?]*[.!?]", text) is not None and not find_spans(text)
+
+
+@pytest.mark.browser
+def test_the_page_splits_and_keeps_spans_as_the_document_translator(
+        web_dir: Path, fitted: Path, static_server: str, fit_pairs: tuple[list[str], list[str]]) -> None:
+    """Lines of several sentences with a number and an e-mail address, and an ALL CAPS one: the page
+    gives DocumentTranslator's translation of each (the same model, greedy in both)."""
+    plain = [s for s in fit_pairs[0][-150:] if one_sentence(s)][:8]
+    assert len(plain) == 8
+    lines = [f"{a} I have 45 cats. Write to anna7@mail.com!  {b}" for a, b in zip(plain[::2], plain[1::2])]
+    lines += [f"{plain[0].upper()} CALL 0585738843 AT 10:30.", "", f"\n{plain[1]}\n\n{plain[2]} "]
+    with chromium_page(static_server) as (page, _):
+        shown = page.evaluate("([texts, fold]) => window.translateTexts(texts, fold)", [lines, True])
+    engine = Translator.from_checkpoint(fitted, device="cpu", amp="off", decoding=GREEDY)
+    docs = DocumentTranslator(engine, DocumentConfig(), src_lang="en")
+    expected = [n[0].text for n in docs.translate_nbest(lines, input_case="fold")]
+    assert shown["sentences"] == docs.tally.sentences == 4 * 4 + 2 + 2
+    assert shown["spans"] == docs.tally.spans == 4 * 2 + 2
+    assert [shown["retried"], shown["placed"]] == [docs.tally.retried, docs.tally.placed]
+    assert all(s in t for t in shown["translations"][:4] for s in ("45", "anna7@mail.com"))
+    assert shown["translations"] == expected

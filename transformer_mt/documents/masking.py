@@ -20,11 +20,15 @@ from transformer_mt.documents.spans import Span
 # a corpus writes the same on both sides of a pair, which models copy far more often than a number, for
 # numbers too; none a name that translations respell (Mary, Marie, Maria).
 STAND_INS: tuple[str, ...] = ("Boston", "Tokyo", "Tom", "Paris", "John", "Chicago", "Kyoto", "Berlin")
-_FINAL = re.compile(r"[\s\u00a0\u202f]*[.!?…。！？]*[\s\u00a0\u202f]*$")
+FINAL = re.compile(r"[\s\u00a0\u202f]*[.!?…。！？]*[\s\u00a0\u202f]*$")
+WORDS = re.compile(r"\w+")
+# A stand-in counts as found only as a whole word: not inside an address, a path or a longer number.
+AROUND_STAND_IN = (r"(?<![\w@/.-])", r"(?![\w@/-])")
 
 
 def _word(stand_in: str) -> re.Pattern[str]:
-    return re.compile(rf"(?<![\w@/.-]){re.escape(stand_in)}(?![\w@/-])", re.IGNORECASE)
+    before, after = AROUND_STAND_IN
+    return re.compile(before + re.escape(stand_in) + after, re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,7 @@ def mask(sentence: str, spans: Sequence[Span], attempt: int = 0, typed: str | No
     others); no stand-in is one the sentence holds elsewhere, and no two spans share one.
     `typed`: the sentence as typed, where `sentence` is it folded (its spans are restored as typed)."""
     edits, used = [], set()
-    present = {w.lower() for w in re.findall(r"\w+", blanked(sentence, spans))}
+    present = {w.lower() for w in WORDS.findall(blanked(sentence, spans))}
     for span in spans:
         free = [s for s in STAND_INS if s.lower() not in present and s not in used]
         choice = free[attempt % len(free)] if free else f"{STAND_INS[0]}{len(used)}"
@@ -92,7 +96,7 @@ def unmask(masked: Masked, translation: str) -> tuple[Rewrite, int]:
 def _before_final(translation: str, text: str) -> Edit:
     """The edit that writes `text` after the translation's last word, before its final punctuation
     (a space before a full stop dropped, one before ? or ! kept, as French writes it)."""
-    tail = _FINAL.search(translation)
+    tail = FINAL.search(translation)
     end = tail.start() if tail else len(translation)  # type: ignore[union-attr]
     space = len(translation[end:]) - len(translation[end:].lstrip())
     keep = translation[end:end + space] if translation[end + space:end + space + 1] not in (".", "…") else ""

@@ -18,7 +18,7 @@ from pathlib import Path
 from transformer_mt.errors import DataError
 
 _TLDS = "com|org|net|edu|gov|io|fr|de|uk|es|it|nl|eu|info|ch|be|ca|jp|ru|br|au|co|us|app|dev"
-_TRAILING = ".,;:!?)]}»\"'’”"  # what ends a sentence rather than an address
+TRAILING = ".,;:!?)]}»\"'’”"  # what ends a sentence rather than an address
 _URL = (rf"(?:https?://|ftp://|www\.)[^\s<>\"]+|\b[a-z0-9][a-z0-9-]*(?:\.[a-z0-9-]+)*\.(?:{_TLDS})"
         r"(?:/[^\s<>\"]*)?(?![\w@])")
 _EMAIL = r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+"
@@ -41,8 +41,9 @@ PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     for kind, pattern in (("email", _EMAIL), ("url", _URL), ("path", _PATH), ("time", _TIME),
                           ("price", _PRICE), ("code", _CODE), ("number", _PHONE), ("year", _YEAR),
                           ("number", _NUMBER)))
+TRIMMED = ("url", "email", "path")  # kinds whose match may run into the sentence's punctuation
 KINDS = ("number", "price", "time", "year", "email", "url", "code", "path", "term", "markup")
-_ORDINAL = re.compile(r"\d+(?:st|nd|rd|th|e|er|re|ème|ème|te|ten)\b", re.IGNORECASE)
+ORDINAL = re.compile(r"\d+(?:st|nd|rd|th|e|er|re|ème|ème|te|ten)\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class Span:
 def _trim(text: str, start: int, end: int) -> int:
     """The end of an address without the sentence's punctuation after it (a closing bracket stays when
     the address opened one)."""
-    while end > start and text[end - 1] in _TRAILING:
+    while end > start and text[end - 1] in TRAILING:
         if text[end - 1] == ")" and text.count("(", start, end) >= text.count(")", start, end):
             break
         end -= 1
@@ -85,8 +86,8 @@ def find_spans(text: str, terms: Sequence[str] = (), given: Iterable[tuple[int, 
             claim(m.start(), m.end(), "term")
     for kind, pattern in PATTERNS:
         for m in pattern.finditer(text):
-            end = _trim(text, m.start(), m.end()) if kind in ("url", "email", "path") else m.end()
-            if kind == "number" and _ORDINAL.match(text, m.start()):
+            end = _trim(text, m.start(), m.end()) if kind in TRIMMED else m.end()
+            if kind == "number" and ORDINAL.match(text, m.start()):
                 continue  # "2nd" is a word to translate ("2e"), not a number to copy
             claim(m.start(), end, kind)
     return sorted(found, key=lambda s: s.start)

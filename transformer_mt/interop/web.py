@@ -4,6 +4,7 @@ Runtime Web copied from their npm packages, and an `index.html`.
 
     <output_dir>/index.html
     <output_dir>/lib/transformers.min.js, ort-wasm-simd-threaded.asyncify.{mjs,wasm}
+    <output_dir>/lib/documents.mjs  (web_documents.mjs: sentences and spans, as documents/ does them)
     <output_dir>/models/model/...   (format=onnx's directory but its PyTorch weights)
 
     $ python -m http.server -d <output_dir>     # then open http://localhost:8000
@@ -13,6 +14,10 @@ version pinned here and the ONNX Runtime Web version that Transformers.js itself
 knows Marian but not Pegasus; it never rebuilds the network, it feeds the two graphs, so the page's copy
 of a pre-norm model's config names it `marian` (a line at export says so). Its tokenizer splits text as
 `tokenizers` does for our `bpe` and `char` vocabularies only: the others are refused.
+
+The page splits what is typed into sentences and keeps its spans as the documents layer does: the rules
+come from documents/ through the page's settings (web_rules.py), the code that applies them is
+web_documents.mjs.
 """
 
 from __future__ import annotations
@@ -30,12 +35,14 @@ from transformer_mt.checkpoints.store import load_checkpoint
 from transformer_mt.config import ConfigError
 from transformer_mt.errors import ExportError
 from transformer_mt.interop.onnx import export_onnx
+from transformer_mt.interop.web_rules import page_rules
 from transformer_mt.runtime.files import META_FILE, refuse_existing, written_into
 
 log = logging.getLogger(__name__)
 TRANSFORMERS_JS = "4.3.1"  # @huggingface/transformers, the version the page is tested with
 ORT_FILES = ("ort-wasm-simd-threaded.asyncify.mjs", "ort-wasm-simd-threaded.asyncify.wasm")
 PAGE = Path(__file__).with_name("web_page.html")  # the page, with {title} and {settings} to fill
+DOCUMENTS_JS = Path(__file__).with_name("web_documents.mjs")  # the page's sentences and spans
 WEB_TOKENIZERS = ("bpe", "char")
 
 
@@ -76,9 +83,10 @@ def runtime_files(cache: Path) -> dict[str, Path]:
 
 
 def page(title: str, settings: dict[str, object]) -> str:
-    """index.html: the page, with the model's length rule and languages."""
+    """index.html: the page, with the model's length rule, languages and the documents layer's rules."""
     text = PAGE.read_text(encoding="utf-8")
-    return text.replace("{title}", title).replace("{settings}", json.dumps(settings))
+    # "<" escaped: the settings sit inside a <script> element, which "</script" or "<!--" would end
+    return text.replace("{title}", title).replace("{settings}", json.dumps(settings).replace("<", "\\u003c"))
 
 
 def export_web(checkpoint: str | Path, output_dir: Path, overwrite: bool = False,
@@ -107,12 +115,13 @@ def export_web(checkpoint: str | Path, output_dir: Path, overwrite: bool = False
             (tmp / "lib").mkdir()
             for name, source in files.items():
                 shutil.copy2(source, tmp / "lib" / name)
+            shutil.copy2(DOCUMENTS_JS, tmp / "lib" / "documents.mjs")
             (tmp / "models").mkdir()
             shutil.move(model_dir, tmp / "models" / "model")
             (tmp / "models" / "model" / "model.safetensors").unlink()  # the page reads the ONNX graphs only
             languages = meta.get("languages", {})
             settings = {**meta.get("decoding", {}), "max_positions": config["max_position_embeddings"],
-                        "languages": languages}
+                        "languages": languages, "documents": page_rules()}
             title = f"{languages.get('src_lang') or '?'} → {languages.get('tgt_lang') or '?'}"
             (tmp / "index.html").write_text(page(title, settings), encoding="utf-8")
             (tmp / META_FILE).write_text(json.dumps({**meta, "format": "web",

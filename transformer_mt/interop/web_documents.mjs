@@ -1,0 +1,278 @@
+// The documents layer (transformer_mt/documents/) for the page of `export format=web`: texts split into
+// sentences, protected spans (numbers, prices, times, years, e-mails, URLs, paths, codes) replaced by
+// stand-ins the model copies, every sentence of every text translated in one call, the spans restored
+// and the translations joined with the texts' own separators.
+//
+// The rules (patterns, stand-ins) are not written here: `export format=web` writes Python's into the
+// page's settings (interop/web_rules.py), and `compileRules` builds them. What is written here is how
+// they are applied, as documents/spans.py, masking.py, pipeline.py and joining.py apply them; each
+// function names its Python original. Positions are JavaScript's (UTF-16 code units) throughout.
+
+const escaped = (text) => text.replace(/[\\^$.*+?()[\]{}|/]/g, '\\$&');
+
+// The settings' rules as regular expressions.
+export function compileRules(rules) {
+  const regex = (r, extra = '') => new RegExp(r.source, r.flags + extra);
+  return {
+    spans: rules.spans.map((s) => ({ kind: s.kind, pattern: regex(s, 'g') })),
+    trimmed: new Set(rules.trimmed),
+    trailing: rules.trailing,
+    ordinal: regex(rules.ordinal, 'y'),
+    standIns: rules.stand_ins,
+    words: regex(rules.words, 'g'),
+    around: rules.around_stand_in,
+    final: regex(rules.final),
+    space: regex(rules.space),  // one character of Python's str.isspace()
+    leading: new RegExp(`^${rules.space.source}*`, 'u'),
+    trailingSpace: new RegExp(`${rules.space.source}*$`, 'u'),
+  };
+}
+
+// -- spans (documents/spans.py) --------------------------------------------------------------------------
+
+// `_trim`: an address's end without the sentence's punctuation after it (a closing bracket stays when the
+// address opened one).
+function trim(text, start, end, R) {
+  const count = (c) => [...text.slice(start, end)].filter((x) => x === c).length;
+  while (end > start && R.trailing.includes(text[end - 1])) {
+    if (text[end - 1] === ')' && count('(') >= count(')')) break;
+    end -= 1;
+  }
+  return end;
+}
+
+function ordinalAt(text, start, R) {  // `ORDINAL.match(text, start)`
+  R.ordinal.lastIndex = start;
+  return R.ordinal.test(text);
+}
+
+// `find_spans` (no user terms, no given ranges): each kind's matches in turn, the first to claim a
+// character keeping it.
+export function findSpans(text, R) {
+  const taken = new Uint8Array(text.length);
+  const found = [];
+  for (const { kind, pattern } of R.spans) {
+    for (const m of text.matchAll(pattern)) {
+      const start = m.index;
+      const end = R.trimmed.has(kind) ? trim(text, start, start + m[0].length, R) : start + m[0].length;
+      if (kind === 'number' && ordinalAt(text, start, R)) continue;  // "2nd" is a word to translate
+      if (end > start && !taken.subarray(start, end).some((t) => t)) {
+        taken.fill(1, start, end);
+        found.push({ start, end, kind });
+      }
+    }
+  }
+  return found.sort((a, b) => a.start - b.start);
+}
+
+// -- sentences (documents/sentences.py, with the browser's segmenter) ------------------------------------
+
+// `_stripped`: [start, end) without the whitespace around it; null when it is all whitespace.
+function stripped(text, start, end, R) {
+  const part = text.slice(start, end);
+  const left = part.match(R.leading)[0].length;
+  if (left === part.length) return null;
+  return [start + left, end - part.match(R.trailingSpace)[0].length];
+}
+
+// `_lines`: the [start, end) of each line, its line break left out.
+function lines(text) {
+  const found = [];
+  let start = 0;
+  for (const m of text.matchAll(/\r\n|\r|\n/g)) {
+    found.push([start, m.index]);
+    start = m.index + m[0].length;
+  }
+  return [...found, [start, text.length]];
+}
+
+// `SentenceSplitter.split`: the [start, end) of each sentence, without the whitespace around it. A line
+// break ends a sentence; no sentence ends inside a span (the sentences on both sides are one).
+export function splitSentences(text, spans, R, segmenter) {
+  const ranges = [];
+  for (const [start, end] of lines(text)) {
+    for (const { index, segment } of segmenter.segment(text.slice(start, end))) {
+      const range = stripped(text, start + index, start + index + segment.length, R);
+      if (range) ranges.push(range);
+    }
+  }
+  const merged = ranges.slice(0, 1);
+  for (const [i, range] of ranges.entries()) {  // `_merged`: a span reaching into both joins them
+    if (i === 0) continue;
+    const across = spans.some((s) => s.start < ranges[i - 1][1] && ranges[i][0] < s.end);
+    if (across) merged[merged.length - 1] = [merged[merged.length - 1][0], range[1]];
+    else merged.push(range);
+  }
+  return merged;
+}
+
+// -- stand-ins (documents/masking.py) --------------------------------------------------------------------
+
+function rewritten(text, edits) {  // `Rewrite.of(...).new`
+  let out = '';
+  let at = 0;
+  for (const e of [...edits].sort((a, b) => a.start - b.start)) {
+    out += text.slice(at, e.start) + e.text;
+    at = e.end;
+  }
+  return out + text.slice(at);
+}
+
+// `blanked`: the sentence with its spans blanked out.
+export function blanked(sentence, spans) {
+  return rewritten(sentence, spans.map((s) => ({ ...s, text: ' '.repeat(s.end - s.start) })));
+}
+
+// `mask`: each span replaced by a stand-in (the `attempt`-th free one), none that the sentence holds
+// elsewhere, no two alike; `typed`: the sentence as typed, where `sentence` is it folded.
+export function mask(sentence, spans, R, attempt = 0, typed = sentence) {
+  const present = new Set((blanked(sentence, spans).match(R.words) || []).map((w) => w.toLowerCase()));
+  const used = new Set();
+  const standIns = spans.map(() => {
+    const free = R.standIns.filter((s) => !present.has(s.toLowerCase()) && !used.has(s));
+    const choice = free.length ? free[attempt % free.length] : `${R.standIns[0]}${used.size}`;
+    used.add(choice);
+    return choice;
+  });
+  return {
+    source: sentence,
+    text: rewritten(sentence, spans.map((s, k) => ({ ...s, text: standIns[k] }))),
+    spans,
+    originals: spans.map((s) => typed.slice(s.start, s.end)),
+    standIns,
+  };
+}
+
+const standInPattern = (standIn, R) => new RegExp(R.around[0] + escaped(standIn) + R.around[1], 'giu');
+
+// `missing`: the spans whose stand-in the translation does not hold.
+export function missing(masked, translation, R) {
+  return masked.standIns.filter((s) => !standInPattern(s, R).test(translation));
+}
+
+// `_before_final`: `text` after the translation's last word, before its final punctuation (a space
+// before a full stop dropped, one before ? or ! kept).
+function beforeFinal(translation, text, R) {
+  const tail = R.final.exec(translation);
+  const end = tail ? tail.index : translation.length;
+  const space = translation.slice(end).match(R.leading)[0].length;
+  const next = translation.slice(end + space, end + space + 1);
+  const keep = next !== '.' && next !== '…' ? translation.slice(end, end + space) : '';
+  const lead = end && !R.space.test(translation[end - 1]) ? ' ' : '';
+  return { start: end, end: end + space, text: lead + text + keep };
+}
+
+// `unmask`: each stand-in found (as a whole word, any case) replaced by its span; a span whose stand-in
+// is missing placed before the final punctuation, and counted.
+export function unmask(masked, translation, R) {
+  const edits = [];
+  const placed = [];
+  masked.standIns.forEach((standIn, k) => {
+    const found = [...translation.matchAll(standInPattern(standIn, R))].filter(
+      (m) => !edits.some((e) => e.start < m.index + m[0].length && m.index < e.end));
+    if (!found.length) placed.push(masked.originals[k]);
+    for (const m of found) edits.push({ start: m.index, end: m.index + m[0].length, text: masked.originals[k] });
+  });
+  if (placed.length) edits.push(beforeFinal(translation, placed.join(' '), R));
+  return { text: rewritten(translation, edits), placed: placed.length };
+}
+
+// -- case (data/text_variants.py) ------------------------------------------------------------------------
+
+// `one_case`: 'caps' for ALL CAPS, 'lower' for lowercase (two letters or more), else null.
+export function oneCase(text) {
+  if ((text.match(/\p{L}/gu) || []).length < 2) return null;
+  const upper = /\p{Uppercase}/u.test(text);
+  const lower = /\p{Lowercase}/u.test(text);
+  if (/\p{Lt}/u.test(text) || upper === lower) return null;
+  return upper ? 'caps' : 'lower';
+}
+
+// `sentence_case`: lower-cased but for its first letter.
+export function sentenceCase(text) {
+  const lower = text.toLowerCase();
+  const first = /\p{L}/u.exec(lower);
+  return first ? lower.slice(0, first.index) + first[0].toUpperCase() + lower.slice(first.index + first[0].length)
+    : lower;
+}
+
+const CASES = { caps: (t) => t.toUpperCase(), lower: (t) => t.toLowerCase() };
+const cased = (p, translation) => (p.kase ? CASES[p.kase](translation) : translation);  // `_cased`
+
+// -- texts through the model (documents/pipeline.py, joining.py) -----------------------------------------
+
+// `DocumentTranslator._part`: one sentence, masked; folded to sentence case when it is in ALL CAPS or
+// lowercase, around its stand-ins.
+function part(index, text, start, end, spans, fold, R) {
+  const sentence = text.slice(start, end);
+  let kase = fold ? oneCase(blanked(sentence, spans)) : null;
+  let folded = kase ? sentenceCase(sentence) : sentence;
+  if (folded.length !== sentence.length) [kase, folded] = [null, sentence];
+  return { text: index, start, end, kase, masked: mask(folded, spans, R, 0, sentence) };
+}
+
+// `DocumentTranslator.prepare`: every text's sentences, their spans masked.
+export function prepare(texts, R, segmenter, fold) {
+  const parts = [];
+  texts.forEach((text, index) => {
+    const spans = findSpans(text, R);
+    for (const [start, end] of splitSentences(text, spans, R, segmenter)) {
+      const inside = spans.filter((s) => start <= s.start && s.end <= end)
+        .map((s) => ({ ...s, start: s.start - start, end: s.end - start }));
+      parts.push(part(index, text, start, end, inside, fold, R));
+    }
+  });
+  return parts;
+}
+
+// `translate_parts`'s second try: the parts whose stand-in the model dropped, masked with the next
+// stand-ins of their pools and translated once more, kept where fewer are dropped.
+async function retried(parts, found, engine, R, tally) {
+  const retry = parts.flatMap((p, k) => (missing(p.masked, found[k], R).length ? [k] : []));
+  if (!retry.length) return;
+  const again = retry.map((k) => {
+    const { source, spans, originals } = parts[k].masked;
+    return { ...parts[k], masked: { ...mask(source, spans, R, 1), originals } };
+  });
+  const second = await engine(again.map((p) => p.masked.text));
+  retry.forEach((k, j) => {
+    const translation = cased(again[j], second[j]);
+    const before = missing(parts[k].masked, found[k], R).length;
+    const after = missing(again[j].masked, translation, R).length;
+    if (after < before) {
+      [parts[k], found[k]] = [again[j], translation];
+      tally.retried += before - after;
+    }
+  });
+}
+
+// `PartResults.joined`: each text's translation, its parts' translations between its own separators
+// ('' for a text of whitespace only).
+function joined(texts, parts, restored) {
+  return texts.map((text, i) => {
+    const mine = parts.flatMap((p, k) => (p.text === i ? [k] : []));
+    let out = mine.length ? text.slice(0, parts[mine[0]].start) : '';
+    mine.forEach((k, j) => {
+      const next = j + 1 < mine.length ? parts[mine[j + 1]].start : text.length;
+      out += restored[k] + text.slice(parts[k].end, next);
+    });
+    return out;
+  });
+}
+
+// `DocumentTranslator.translate_runs`: `engine` (sentences in, translations out, in one call) translates
+// every sentence of every text; the spans restored, each translation goes where its sentence was.
+export async function translateTexts(texts, engine, R, segmenter, fold) {
+  const parts = prepare(texts, R, segmenter, fold);
+  const tally = { sentences: parts.length, spans: 0, retried: 0, placed: 0 };
+  if (!parts.length) return { translations: texts.map(() => ''), ...tally };
+  const found = (await engine(parts.map((p) => p.masked.text))).map((t, k) => cased(parts[k], t));
+  await retried(parts, found, engine, R, tally);
+  const restored = parts.map((p, k) => {
+    const { text, placed } = unmask(p.masked, found[k], R);
+    tally.spans += p.masked.spans.length;
+    tally.placed += placed;
+    return text;
+  });
+  return { translations: joined(texts, parts, restored), ...tally };
+}

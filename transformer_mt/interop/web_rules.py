@@ -1,0 +1,135 @@
+"""The documents layer's rules for the page of `export format=web`: the span patterns, stand-ins and
+restoring patterns of documents/spans.py and documents/masking.py, written into the page's settings as
+JavaScript regular expressions, so the page and Python hold one set of rules.
+
+Python's `re` and JavaScript's RegExp read most of these patterns alike (look-behind and look-ahead
+included), but not the character classes: in JavaScript `\\w`, `\\d` and `\\b` are ASCII whatever the
+flags, `\\s` holds U+FEFF and lacks U+001C-U+001F and U+0085, `.` stops at U+2028 as well, and `$`
+does not match before a final line break. Each is written out here as what Python's means, with Unicode
+properties (`\\p{L}`, `\\p{N}`, `\\p{Nd}`) under the `u` flag; under that flag a needless escape
+(`\\"`) is an error, so it loses its backslash. A construct with no JavaScript equivalent written here
+is refused, so a new pattern fails the export rather than finding other spans in the page.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sys
+
+from transformer_mt.documents.masking import AROUND_STAND_IN, FINAL, STAND_INS, WORDS
+from transformer_mt.documents.spans import ORDINAL, PATTERNS, TRAILING, TRIMMED
+
+WORD_CLASS = r"\p{L}\p{N}_"  # Python's \w: str.isalnum() (letters and numbers) or "_"
+_SYNTAX = set("^$\\.*+?()[]{}|/")  # what JavaScript lets a backslash escape under the u flag
+_REFUSED = ("(?P", "(?#", "(?>", "(?(")
+_FLAGS = {re.IGNORECASE: "i"}
+
+
+@functools.cache
+def _spaces() -> str:
+    """Python's \\s (str.isspace()) as the inside of a JavaScript character class."""
+    spaces = [c for c in range(sys.maxunicode + 1) if chr(c).isspace()]
+    runs: list[list[int]] = []
+    for c in spaces:
+        if runs and runs[-1][1] == c - 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return "".join(f"\\u{{{a:x}}}" + (f"-\\u{{{b:x}}}" if b > a else "") for a, b in runs)
+
+
+def _escape(letter: str, in_class: bool) -> str:
+    """A backslash escape of one letter, as JavaScript writes what Python means by it."""
+    inside = {"w": WORD_CLASS, "d": r"\p{Nd}", "s": _spaces()}
+    if letter in inside:
+        return inside[letter] if in_class else f"[{inside[letter]}]"
+    if letter in "WDS" and not in_class:
+        return f"[^{inside[letter.lower()]}]"
+    if letter == "b" and not in_class:
+        word = f"[{WORD_CLASS}]"
+        return f"(?:(?<={word})(?!{word})|(?<!{word})(?={word}))"
+    if letter in "ntrfv":
+        return "\\" + letter
+    raise ValueError(f"\\{letter} has no JavaScript equivalent written here")
+
+
+def _quantifier(source: str, i: int) -> int:
+    """The end of a {m}, {m,} or {m,n} quantifier starting at source[i], or i when it is none."""
+    match = re.compile(r"\{\d+(?:,\d*)?\}").match(source, i)
+    return match.end() if match else i
+
+
+def js_source(source: str) -> str:
+    """A Python regular expression's source as the source of a JavaScript one (u flag) that matches the
+    same; ValueError for a construct that cannot be written so."""
+    out, i, in_class = [], 0, False
+    while i < len(source):
+        c = source[i]
+        if c == "\\":
+            nxt = source[i + 1]
+            if nxt.isalpha() and nxt not in "ux":
+                out.append(_escape(nxt, in_class))
+            elif nxt in "ux":  # \xhh, \uhhhh: the same in both
+                width = 2 if nxt == "x" else 4
+                out.append(source[i:i + 2 + width])
+                i += width
+            elif nxt.isdigit():
+                raise ValueError(f"\\{nxt}: back-references are not written here")
+            else:
+                out.append("\\" + nxt if nxt in _SYNTAX or (in_class and nxt == "-") else nxt)
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+            out.append(c)
+        elif c == "[":
+            in_class = True
+            start = i + 2 if source.startswith("[^", i) else i + 1
+            out.append(source[i:start])
+            if source.startswith("]", start):  # a ] first in a class is one in Python, none in JS
+                out.append("\\]")
+                start += 1
+            i = start
+            continue
+        elif source.startswith(_REFUSED, i) or re.match(r"\(\?-?[aiLmsux]", source[i:]):
+            raise ValueError(f"{source[i:i + 4]}: no JavaScript equivalent written here")
+        elif c in "*+?" and source.startswith("+", i + 1):
+            raise ValueError("possessive quantifiers have no JavaScript equivalent")
+        elif c == "{":
+            end = _quantifier(source, i)
+            if end > i and source.startswith("+", end):
+                raise ValueError("possessive quantifiers have no JavaScript equivalent")
+            out.append(source[i:end] if end > i else "\\{")
+            i = max(end, i + 1)
+            continue
+        else:
+            out.append({".": "[^\\n]", "$": "(?=\\n?$)", "}": "\\}"}.get(c, c))
+        i += 1
+    return "".join(out)
+
+
+def js_regex(pattern: re.Pattern[str]) -> dict[str, str]:
+    """A compiled Python pattern as the page builds it: `new RegExp(source, flags)`."""
+    flags = "u" + "".join(letter for flag, letter in _FLAGS.items() if pattern.flags & flag)
+    unknown = pattern.flags & ~(re.UNICODE | re.IGNORECASE)
+    if unknown:
+        raise ValueError(f"{re.RegexFlag(unknown)!r} has no JavaScript equivalent written here")
+    return {"source": js_source(pattern.pattern), "flags": flags}
+
+
+@functools.cache
+def page_rules() -> dict[str, object]:
+    """What the page needs to split, mask and restore as the documents layer does."""
+    before, after = AROUND_STAND_IN
+    return {
+        "spans": [{"kind": kind, **js_regex(pattern)} for kind, pattern in PATTERNS],
+        "trimmed": list(TRIMMED),
+        "trailing": TRAILING,
+        "ordinal": js_regex(ORDINAL),
+        "stand_ins": list(STAND_INS),
+        "words": js_regex(WORDS),
+        "around_stand_in": [js_source(before), js_source(after)],
+        "final": js_regex(FINAL),
+        "space": js_regex(re.compile(r"\s")),
+    }
