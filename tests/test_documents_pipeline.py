@@ -128,8 +128,9 @@ class Words:
 
 
 class EchoEngine(TextTranslator):
-    """Translates a sentence into itself (its prefix first), one hypothesis per beam position up to n_best,
-    with the identity alignment; records every call; `drop` is a word it leaves out every time."""
+    """Translates a sentence into itself (its prefix first; a blank one into its prefix alone), one hypothesis
+    per beam position up to n_best, with the identity alignment; records every call; `drop` is a word it
+    leaves out every time."""
 
     def __init__(self, drop: str | None = None, max_tokens: int = 50) -> None:
         self.decoding = DecodingConfig(beam_size=2)
@@ -147,6 +148,7 @@ class EchoEngine(TextTranslator):
         for i, s in enumerate(sentences):
             text = " ".join(w for w in s.split(" ") if w != self.drop) if self.drop else s
             text = (prefixes[i] + " " if prefixes and prefixes[i] else "") + text
+            text = text if s.strip() else (prefixes[i] if prefixes else "")  # as Translator answers a blank
             links = [(w, w) for w in range(len(text.split()))] if decoding.alignment else None
             out.append([Translation(text, -1.0 - k, alignment=links) for k in range(decoding.n_best)])
         return out
