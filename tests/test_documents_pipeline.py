@@ -50,6 +50,22 @@ def test_terms_and_given_ranges_come_first_and_spans_never_overlap() -> None:
     assert found == [("term", "Acme Corp 2000"), ("markup", "`x = 1`"), ("url", "acme.com")]
 
 
+KNOWN = frozenset("i met tom and at the is waiting for you station car in o jean paris write".split())
+
+
+@pytest.mark.parametrize(("text", "names"), [
+    ("Yusuf is waiting for you at the station.", ["Yusuf"]),
+    ("I met Tom and Jean-Luc in Paris.", ["Jean-Luc"]),  # one unknown part makes a hyphenated name
+    ("Yusuf's car is in O'Brien.", ["Yusuf", "Brien"]),  # an apostrophe ends a name
+    ("YUSUF IS WAITING.", ["YUSUF"]),
+    ("yusuf is waiting.", []),  # not capitalised: a word to translate, misspelt perhaps
+    ("Write to Yusuf@mail.com at /home/Yusuf.", []),  # inside an address or a path: theirs
+])
+def test_a_capitalised_word_no_training_pair_held_is_a_name(text: str, names: list[str]) -> None:
+    assert [s.of(text) for s in find_spans(text, known=KNOWN) if s.kind == "name"] == names
+    assert not any(s.kind == "name" for s in find_spans(text))  # no word list: no names
+
+
 @given(st.text(alphabet=st.sampled_from("ab1 .:/@-$€,X\n"), max_size=60))
 @settings(max_examples=200, deadline=None)
 def test_spans_are_ordered_and_disjoint(text: str) -> None:
@@ -141,7 +157,8 @@ class EchoEngine(TextTranslator):
         self.drop = drop
 
     def translate_nbest(self, sentences: list[str], return_attention: bool = False,
-                        prefixes: list[str] | None = None, **options: Any) -> list[list[Translation]]:
+                        prefixes: list[str] | None = None, aligned: int | None = None,
+                        **options: Any) -> list[list[Translation]]:
         decoding = self.decoding_options(**options)
         self.calls.append(list(sentences))
         out = []
@@ -218,6 +235,19 @@ def test_text_in_all_caps_is_folded_around_its_spans_and_they_come_back_as_typed
     text = "SEND THE REPORT TO ANNA7@MAIL.COM TOMORROW."
     assert docs.translate_nbest([text])[0][0].text == text
     assert engine.calls[0][0] == f"Send the report to {STAND_INS[0]} tomorrow."
+
+
+@pytest.mark.parametrize(("names", "src_lang", "copied"), [
+    ("auto", "en", True), ("model", "en", False), ("auto", "de", False), ("copy", "de", True)])
+def test_a_name_the_model_never_met_reaches_it_as_a_stand_in_unless_the_source_capitalises_nouns(
+        names: str, src_lang: str, copied: bool) -> None:
+    engine = EchoEngine()
+    engine.known_words = KNOWN
+    engine.info["config"]["dataset"]["src_lang"] = src_lang
+    docs = DocumentTranslator.for_engine(engine, DocumentConfig(names=names))
+    text = "Yusuf is waiting for you at the station."
+    assert docs.translate_nbest([text])[0][0].text == text
+    assert engine.calls[0][0] == (text.replace("Yusuf", STAND_INS[0]) if copied else text)
 
 
 @pytest.mark.parametrize("split", [True, False])

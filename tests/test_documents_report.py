@@ -14,7 +14,7 @@ import pytest
 from transformer_mt.config import DatasetConfig
 from transformer_mt.config.schema import MixedCorpus
 from transformer_mt.data import held_out_pairs
-from transformer_mt.data.words import seen_words
+from transformer_mt.data.words import seen_words, training_words
 from transformer_mt.documents.report import KS, LABELS, copied, documents_report, report_json, table
 from transformer_mt.documents.span_cases import FORMS, KINDS, NAME_TEMPLATES, name_cases, span_cases
 
@@ -176,7 +176,7 @@ def test_seen_words_are_those_of_the_training_pairs(tmp_path: Path) -> None:
     cfg = DatasetConfig(name="parallel", path=_tsv(tmp_path / "pairs.tsv", pairs), url=None,
                         cache_dir=str(tmp_path / "cache"), valid_size=20, test_size=20)
     held_out = {p for part in ("valid", "test") for p in held_out_pairs(cfg, part)}
-    seen = seen_words(cfg)
+    seen = seen_words(training_words(cfg))
     assert len(held_out) >= 40 and seen("walks") and seen("MARCHE") and not seen("Zyxw")
     for i, pair in enumerate(pairs):
         assert seen(f"alpha{i}") == seen(f"GAMMA{i}") == (pair not in held_out), pair
@@ -184,10 +184,27 @@ def test_seen_words_are_those_of_the_training_pairs(tmp_path: Path) -> None:
 
     drawn = DatasetConfig(**{**cfg.__dict__, "max_pairs": 200})
     held_out = {p for part in ("valid", "test") for p in held_out_pairs(drawn, part)}
-    seen = seen_words(drawn)
+    seen = seen_words(training_words(drawn))
     assert sum(seen(f"alpha{i}") for i in range(300)) == 200 - len(held_out)
     assert not any(seen(s.split()[0]) for s, _ in held_out)
 
     mixed = DatasetConfig(**{**cfg.__dict__, "mix": [MixedCorpus(path=_tsv(tmp_path / "more.tsv",
                                                                         [("Beta runs.", "Delta court.")]))]})
-    assert seen_words(mixed)("delta") and not seen_words(cfg)("delta")
+    assert seen_words(training_words(mixed))("delta") and not seen_words(training_words(cfg))("delta")
+
+
+def test_evaluate_reports_text_as_people_have_it_with_unseen_names_copied(
+        tiny_run_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`evaluate documents=true` on the tiny run: the table is printed and kept in the JSON; the names no
+    training pair held come through the layer (which copies them) where the barely trained model alone
+    garbles them; the typos line compares names copied with names translated."""
+    import transformer_mt as tmt
+
+    tmt.evaluate([f"checkpoint={tiny_run_copy}", "documents=true", "max_sentences=30", "device=cpu",
+                  "decoding.beam_size=1"])
+    out = capsys.readouterr().out
+    assert "text as people have it" in out and "with document.names=model" in out
+    report = json.loads(next((tiny_run_copy / "eval").glob("test.*.json")).read_text())["documents"]
+    names = report["names"]
+    assert names["cases"] >= 50 and names["exact"] >= 0.95 > names["exact_unprotected"], names
+    assert report["typos_names"]["sentences_changed"] > 0

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 import transformer_mt as tmt
-from tests.conftest import run_cli, tiny_overrides
+from tests.conftest import require, run_cli, tiny_overrides
 from transformer_mt.checkpoints.store import load_checkpoint
 from transformer_mt.config import CheckpointError, DataError
+from transformer_mt.decoding.translator import Translator
 
 
 def _scalars(run_dir: Path) -> dict[str, list[float]]:
@@ -49,6 +50,19 @@ def test_checkpoint_describes_itself(tiny_run: Path) -> None:
         assert key in state
 
 
+def test_a_checkpoint_lists_the_words_of_its_training_pairs_and_not_those_held_out(tiny_run: Path) -> None:
+    from transformer_mt.checkpoints.store import word_list
+    from transformer_mt.data import load_split_tsv
+    from transformer_mt.data.words import words_of
+
+    known = word_list(load_checkpoint(tiny_run / "latest.pt"))
+    assert known is not None and {"tom", "the"} <= known
+    sources, targets = load_split_tsv(tiny_run / "split" / "valid.tsv")
+    held_out = set().union(*(words_of(t) for t in sources + targets))
+    assert held_out - known, "every held-out word is also a training word: nothing tells them apart"
+    assert Translator.from_checkpoint(tiny_run, device="cpu").known_words == known
+
+
 def test_resume_continues_with_the_same_schedule(tiny_run_copy: Path, corpus: Path,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     before = load_checkpoint(tiny_run_copy / "latest.pt")
@@ -60,6 +74,7 @@ def test_resume_continues_with_the_same_schedule(tiny_run_copy: Path, corpus: Pa
     assert after["epoch"] == 3
     assert after["step"] > before["step"]
     assert after["scheduler"]["last_epoch"] == after["step"]  # the schedule went on, not restarted
+    assert after["words"] == before["words"]  # carried, not read from the corpora again
     assert (tiny_run_copy / "epoch_003.pt").exists()
 
 
@@ -71,6 +86,19 @@ def test_evaluate_reports_all_metrics(tiny_run_copy: Path, capsys: pytest.Captur
     report = json.loads(reports[0].read_text())
     for key in ("bleu", "chrf", "cer", "wer", "sentences_per_s", "tokens_per_s"):
         assert key in report
+
+
+def test_a_translation_holding_a_line_break_stays_on_its_line(tiny_run_copy: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hypothesis file has one line per test sentence, whatever the model writes (a byte-level model can
+    write a line break): scores and files read back line by line stay aligned."""
+    from transformer_mt.jobs import evaluate as job
+
+    broken = [f"a\nb\rc{i}" for i in range(5)]
+    monkeypatch.setattr(job, "_best", lambda engine, sources, **_: broken[:len(sources)])
+    tmt.evaluate([f"checkpoint={tiny_run_copy}", "max_sentences=5", "device=cpu"])
+    written = next((tiny_run_copy / "eval").glob("test.*.hyp.txt")).read_text(encoding="utf-8")
+    assert written.split("\n") == [f"a b c{i}" for i in range(5)] + [""]
 
 
 @pytest.mark.parametrize("given", ["split", "files", "tsv"])
@@ -165,7 +193,7 @@ def test_translate_file_to_file_and_long_input(tiny_run: Path, tmp_path: Path,
 
 
 def test_attention_heatmap_png(tiny_run: Path, tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    require("matplotlib")
     png = tmp_path / "attention.png"
     cfg = tmt.compose("translate", [f"checkpoint={tiny_run}", f"attention_png={png}"])
     cfg.text = "I am cold."

@@ -11,21 +11,24 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from transformer_mt.checkpoints import check
-from transformer_mt.checkpoints.header import (
+from transformer_mt.checkpoints.fields import (
     FORMAT_VERSION,
     TRAINED,
     WEIGHTS,
+    WORDS,
     check_entries,
     counter,
     existing,
     wrong,
 )
+from transformer_mt.checkpoints.header import read_header
 from transformer_mt.checkpoints.paths import (
     BEST,
     LATEST,
@@ -51,6 +54,17 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
         if isinstance(ex.__context__, OSError):
             raise OSError(ex.__context__.errno, ex.__context__.strerror, str(path)) from ex
         raise
+
+
+def word_entry(words: Iterable[str]) -> str:
+    """The training words (data/words.py) as a checkpoint keeps them: case folded, sorted, one a line."""
+    return "\n".join(sorted(words))
+
+
+def word_list(state: dict[str, Any]) -> frozenset[str] | None:
+    """The training words a checkpoint lists; None for one saved before checkpoints listed them."""
+    entry = state.get(WORDS)
+    return frozenset(entry.split("\n")) if isinstance(entry, str) and entry else None
 
 
 def link_checkpoint(source: Path, alias: Path) -> None:
@@ -106,10 +120,13 @@ def _last_checkpoint_mib(run_dir: Path) -> float:
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
                     mmap: bool = False) -> dict[str, Any]:
-    """Load safely (`weights_only=True`: no code runs) and check it is one of ours: its entries' types,
-    its format, weights that are dense tensors (checkpoint_check). With mmap, tensors are mapped from
-    the file and read only when used."""
+    """Load safely and check it is one of ours: first its header without torch (header.read_header: the
+    archive from its first byte, a pickle that names no code, the entries, storages and sizes it claims),
+    then with torch (`weights_only=True`: no code runs) its entries' types, its format, weights that are
+    dense tensors (checkpoint_check). Every load goes through here, the command line's and the Python
+    API's alike. With mmap, tensors are mapped from the file and read only when used."""
     path = existing(path)
+    read_header(path, claims=False)  # what torch will read is the archive, holding no code
     state = check.read_file(path, map_location, mmap)
     check_entries(path, state, check.check_tensors)
     return state

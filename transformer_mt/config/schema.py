@@ -298,6 +298,9 @@ class DocumentConfig(Section):
     split: bool = True  # each line (a request's text) split into sentences, translated in batches
     protect: bool = True  # numbers, prices, times, e-mails, URLs, paths, codes and keep_terms copied exactly
     keep_terms: str | None = None  # a UTF-8 file of do-not-translate terms, one a line
+    # A capitalised word no training pair held: copy (kept as written, as a name), model (translated), auto
+    # (copy, unless the source language capitalises its nouns: German). Needs the checkpoint's word list
+    names: str = "auto"
     format: str = "auto"  # input=FILE: auto (by its extension) | text | markdown | html | srt
     # A sentence with more tokens is cut at clause boundaries and translated in parts; null: the length
     # limit the model was trained with (its run's dataset.max_len)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from transformer_mt.checkpoints.store import model_from_checkpoint
+from transformer_mt.checkpoints.store import model_from_checkpoint, word_list
 from transformer_mt.config import DecodingConfig, DeviceConfig
 from transformer_mt.data import length_sorted_batches, pad_sources
 from transformer_mt.data.text_variants import CASES, one_case, sentence_case
@@ -129,6 +129,7 @@ class TextTranslator:
     decoding: DecodingConfig
     info: dict[str, Any]  # what the engine runs: the checkpoint, its step, the run's config ...
     tgt_lang: str | None = None
+    known_words: frozenset[str] | None = None  # the training pairs' words (data/words.py), where known
     max_input_tokens: int
     max_prefix_tokens: int
     max_positions: int
@@ -170,12 +171,15 @@ class TextTranslator:
 
     def translate_nbest(self, sentences: list[str], return_attention: bool = False,
                         prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
-                        tgt_lang: str | None = None, **options: Any) -> list[list[Translation]]:
+                        tgt_lang: str | None = None, aligned: int | None = None,
+                        **options: Any) -> list[list[Translation]]:
         """n-best translations per sentence (best first); with prefixes, each translation starts with
         its sentence's prefix (decoding.prefix gives one to all); into `tgt_lang` (None: the engine's).
         should_stop, asked as decoding goes (once per step where the engine can), ends it early with
-        `DecodingStopped` when it says True. With decoding.input_case=fold, a sentence in ALL CAPS or all
-        lowercase (and no prefix) is translated in sentence case, and its translations written in its case.
+        `DecodingStopped` when it says True. With decoding.alignment, the first `aligned` hypotheses of
+        each list (None: all) get word alignments, the others none. With decoding.input_case=fold, a
+        sentence in ALL CAPS or all lowercase (and no prefix) is translated in sentence case, and its
+        translations written in its case.
         A deterministic search (no sampling, no prefixes) searches each distinct text once: a file's
         repeated lines, or the ALL CAPS and lowercase forms of one sentence, which fold to one text."""
         decoding = self.decoding_options(**options)
@@ -184,7 +188,8 @@ class TextTranslator:
         cases = [one_case(s) if fold and not f else None for s, f in zip(sentences, forced)]
         texts = [sentence_case(s) if case else s for s, case in zip(sentences, cases)]
         distinct = list(dict.fromkeys(texts)) if prefixes is None and not decoding.sampling else texts
-        results = self.search_nbest(distinct, return_attention, prefixes, should_stop, tgt_lang, **options)
+        results = self.search_nbest(distinct, return_attention, prefixes, should_stop, tgt_lang, aligned,
+                                    **options)
         if distinct is not texts:
             at = {text: i for i, text in enumerate(distinct)}
             results = [list(results[at[text]]) for text in texts]
@@ -193,7 +198,8 @@ class TextTranslator:
 
     def search_nbest(self, sentences: list[str], return_attention: bool = False,
                      prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
-                     tgt_lang: str | None = None, **options: Any) -> list[list[Translation]]:
+                     tgt_lang: str | None = None, aligned: int | None = None,
+                     **options: Any) -> list[list[Translation]]:
         """translate_nbest of the sentences as the model gets them: each engine's own search."""
         raise NotImplementedError
 
@@ -298,11 +304,13 @@ class Translator(TextTranslator):
                      info["config"].get("dataset", {}).get("tgt_lang"))
         engine.language_id(tgt_lang)  # a language the model lacks: one line now, not at the first sentence
         engine.tgt_lang = tgt_lang or engine.tgt_lang
+        engine.known_words = word_list(state)
         return engine
 
     def search_nbest(self, sentences: list[str], return_attention: bool = False,
                      prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
-                     tgt_lang: str | None = None, **options: Any) -> list[list[Translation]]:
+                     tgt_lang: str | None = None, aligned: int | None = None,
+                     **options: Any) -> list[list[Translation]]:
         """n-best translations per sentence (best first); empty input gives one translation: its prefix
         (so every output starts with its prefix), else the empty string."""
         decoding = self.decoding_options(**options)
@@ -315,40 +323,47 @@ class Translator(TextTranslator):
             results[i] = [Translation(text, 0.0)]
         if not real:
             return results
-        hyps = decode_ids(self.model, [ids[i] for i in real], decoding, self.device,
-                          return_attention=return_attention, amp=self.precision.dtype,
+        hyps = decode_ids(self.model, [ids[i] for i in real], decoding, self.device, amp=self.precision.dtype,
                           prefixes=[forced[i] for i in real] if forced else None, should_stop=should_stop)
-        for i, nbest in zip(real, hyps):
+        # Attention of the best hypotheses alone, from a forced pass over them: the search would keep
+        # every layer and head for every hypothesis it holds, beams and n-best lists over.
+        best = [nbest[0].tokens for nbest in hyps]
+        maps = forced_attention(self.model, [ids[i] for i in real], best, self.device,
+                                decoding.batch_tokens_on(self.device), None, self.precision.dtype,
+                                should_stop) if return_attention else [None] * len(real)
+        for i, nbest, best_map in zip(real, hyps, maps):
             texts = self.vocab.decode_tgt([h.tokens for h in nbest])
             results[i] = [
                 Translation(text, float(h.score),
                             self.vocab.tgt_tokens_from_ids(h.tokens) if return_attention else None,
-                            h.attention)
-                for text, h in zip(texts, nbest)
+                            best_map if k == 0 else None)
+                for k, (text, h) in enumerate(zip(texts, nbest))
             ]
         if decoding.alignment:
-            outputs = {i: [h.tokens for h in nbest] for i, nbest in zip(real, hyps)}
+            outputs = {i: [h.tokens for h in nbest][:aligned] for i, nbest in zip(real, hyps)}
             lead = int(self.language_id(tgt_lang) is not None)
-            self._align(sentences, ids, results, outputs, decoding, lead)
+            self._align(sentences, ids, results, outputs, decoding, lead, should_stop)
         return results
 
     def _align(self, sentences: list[str], ids: list[list[int]], results: list[list[Translation]],
-               outputs: dict[int, list[list[int]]], decoding: DecodingConfig, lead: int) -> None:
-        """Set each translation's word alignment from one forced-decoding pass over it (whatever search
-        produced it); an empty source has no words, and its translation (its prefix) no links. `lead`:
-        the sources' language token, no word of theirs."""
+               outputs: dict[int, list[list[int]]], decoding: DecodingConfig, lead: int,
+               should_stop: StopCheck | None) -> None:
+        """Set the word alignment of each translation in `outputs` from one forced-decoding pass over it
+        (whatever search produced it; the rest of each list gets none); an empty source has no words,
+        and its translation (its prefix) no links. `lead`: the sources' language token, no word of
+        theirs. should_stop is asked before each batch of the pass."""
         layers = self.model.config.decoder_layers
         if not -layers <= decoding.alignment_layer < layers:
             raise ConfigError(f"decoding.alignment_layer={decoding.alignment_layer} is out of range; this "
                               f"model has {layers} decoder layers ({-layers} to {layers - 1})")
-        for nbest in results:
-            for t in nbest:
+        for i, nbest in enumerate(results):
+            for t in nbest[:len(outputs.get(i, nbest))]:
                 t.alignment = []
         pairs = [(i, k) for i, outs in outputs.items() for k in range(len(outs))]
         attention = forced_attention(self.model, [ids[i] for i, _ in pairs],
                                      [outputs[i][k] for i, k in pairs], self.device,
                                      decoding.batch_tokens_on(self.device), decoding.alignment_layer,
-                                     self.precision.dtype)
+                                     self.precision.dtype, should_stop)
         for (i, k), weights in zip(pairs, attention, strict=True):
             src = [None] * lead + source_words(self.vocab.src, sentences[i].strip(), len(ids[i]) - lead)
             tgt = target_words(self.vocab.tgt, outputs[i][k])

@@ -25,7 +25,7 @@ from transformer_mt.documents.masking import Masked, blanked, mask, missing, unm
 from transformer_mt.documents.rendering import rendered
 from transformer_mt.documents.rewrite import Rewrite
 from transformer_mt.documents.sentences import SentenceSplitter, cut_long
-from transformer_mt.documents.spans import Span, find_spans, read_terms
+from transformer_mt.documents.spans import CAPITALISED_NOUNS, Span, find_spans, read_terms
 
 log = logging.getLogger(__name__)
 Ranges = Sequence[tuple[int, int]]  # (start, end) character ranges of a text
@@ -77,6 +77,8 @@ class DocumentTranslator:
         self.cfg = cfg
         self.splitter = SentenceSplitter(src_lang or "en")
         self.terms = read_terms(cfg.keep_terms) if cfg.keep_terms else ()
+        copies = cfg.names == "copy" or (cfg.names == "auto" and (src_lang or "en") not in CAPITALISED_NOUNS)
+        self.known = engine.known_words if copies else None
         self.max_tokens = min(cfg.max_sentence_tokens or max_sentence_tokens or engine.max_input_tokens,
                               engine.max_input_tokens)
         self.tally = Tally()
@@ -87,6 +89,11 @@ class DocumentTranslator:
         longer than its run trained on (dataset.max_len)."""
         dataset = (engine.info.get("config") or {}).get("dataset") or {}
         return cls(engine, cfg, dataset.get("src_lang"), dataset.get("max_len"))
+
+    @property
+    def decoding(self) -> DecodingConfig:
+        """The engine's decoding settings (what a request that names none searches with)."""
+        return self.engine.decoding
 
     def summary(self) -> str:
         """What the layer did so far, in one line for a job's log."""
@@ -101,7 +108,7 @@ class DocumentTranslator:
     # -- texts to parts -------------------------------------------------------------------------------
     def spans(self, text: str, given: Sequence[tuple[int, int]] = ()) -> list[Span]:
         """The spans of `text` this translator protects (none with document.protect=false)."""
-        return find_spans(text, self.terms, given) if self.cfg.protect else []
+        return find_spans(text, self.terms, given, self.known) if self.cfg.protect else []
 
     def sentences(self, text: str, unbreakable: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
         """The sentences of `text` (the whole text, stripped, with document.split=false)."""
@@ -190,7 +197,7 @@ class DocumentTranslator:
             if group:
                 nbest = self.translate_runs([texts[k] for k in group], [runs[k].keep for k in group],
                                             [[(m.start, m.end) for m in runs[k].marks] for k in group],
-                                            alignment=align or None, **options)
+                                            alignment=align or None, aligned=1, **options)
                 done.update({k: n[0] for k, n in zip(group, nbest)})
         out, k = [], 0
         for doc in docs:

@@ -7,8 +7,8 @@
    share of the one-a-line BLEU, and the length ratio (a dropped or fused sentence shows there first).
 2. **Spans**: the exact-copy rate of each kind of span of documents/span_cases.py, with span protection
    on (the pipeline) and off (what the model itself copies).
-3. **Unseen names**: the same for first names the training data does not hold; no pattern protects
-   names, so both rates are what the model learned.
+3. **Unseen names**: the same for first names the training data does not hold: the pipeline copies
+   them as capitalised words no training pair held (document.names), the model alone as it learned to.
 
 The translators are callables (texts in, translations out), so the report is tested without a model;
 each is called as few times as possible, with everything it translates, since the pipeline batches

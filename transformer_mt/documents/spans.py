@@ -1,7 +1,9 @@
 """Spans that must come through a translation exactly: numbers, prices, times, years, e-mail addresses,
-URLs, file paths, codes that mix letters and digits, a user's do-not-translate terms, and the inline
-pieces a format keeps (inline code, an image). Each is found here, replaced before the model by a
-stand-in the model copies, and put back after it in place of that stand-in.
+URLs, file paths, codes that mix letters and digits, a user's do-not-translate terms, the inline pieces a
+format keeps (inline code, an image), and names the model never met: a capitalised word that no training
+pair holds (data/words.py), which the model could only garble, and a name is what such a word most often
+is. Each is found here, replaced before the model by a stand-in the model copies, and put back after it
+in place of that stand-in.
 
 A small model garbles what it rarely saw ("0585738843" comes out as "5583", an address as words), but it
 copies the few names and numbers its corpus is full of; a stand-in is one of those. Which stand-ins, and
@@ -42,7 +44,12 @@ PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
                           ("price", _PRICE), ("code", _CODE), ("number", _PHONE), ("year", _YEAR),
                           ("number", _NUMBER)))
 TRIMMED = ("url", "email", "path")  # kinds whose match may run into the sentence's punctuation
-KINDS = ("number", "price", "time", "year", "email", "url", "code", "path", "term", "markup")
+KINDS = ("number", "price", "time", "year", "email", "url", "code", "path", "name", "term", "markup")
+# A word, hyphenated parts and all ("Jean-Luc"); an apostrophe ends it ("Yusuf's": the name is "Yusuf")
+_WORD = re.compile(r"(?<![\w@/\\.-])[^\W\d_]+(?:-[^\W\d_]+)*(?![\w@/\\-])")
+# Source languages that capitalise every noun: a capitalised word of theirs that training never held is
+# as likely a compound noun to translate as a name (document.names=auto leaves them be)
+CAPITALISED_NOUNS = ("de", "lb")
 ORDINAL = re.compile(r"\d+(?:st|nd|rd|th|e|er|re|ème|ème|te|ten)\b", re.IGNORECASE)
 
 
@@ -68,9 +75,11 @@ def _trim(text: str, start: int, end: int) -> int:
     return end
 
 
-def find_spans(text: str, terms: Sequence[str] = (), given: Iterable[tuple[int, int]] = ()) -> list[Span]:
+def find_spans(text: str, terms: Sequence[str] = (), given: Iterable[tuple[int, int]] = (),
+               known: frozenset[str] | None = None) -> list[Span]:
     """The protected spans of `text`, in order and never overlapping: the `given` ranges (a format's
-    inline pieces) first, then the user's terms (whole words, longest first), then each kind's pattern."""
+    inline pieces) first, then the user's terms (whole words, longest first), then each kind's pattern,
+    then, with `known` (the training pairs' words, case folded), the capitalised words not among them."""
     taken = [False] * len(text)
     found: list[Span] = []
 
@@ -90,6 +99,9 @@ def find_spans(text: str, terms: Sequence[str] = (), given: Iterable[tuple[int, 
             if kind == "number" and ORDINAL.match(text, m.start()):
                 continue  # "2nd" is a word to translate ("2e"), not a number to copy
             claim(m.start(), end, kind)
+    for m in _WORD.finditer(text) if known is not None else ():
+        if m.group()[0].isupper() and any(part.casefold() not in known for part in m.group().split("-")):
+            claim(m.start(), m.end(), "name")
     return sorted(found, key=lambda s: s.start)
 
 

@@ -19,17 +19,17 @@ from omegaconf import OmegaConf
 
 from transformer_mt.config import DatasetConfig, EvaluateConfig
 from transformer_mt.config.typed import to_dataclass
-from transformer_mt.data import LINE_ENDS, held_out_pairs, load_split_tsv, read_lines
+from transformer_mt.data import LINE_ENDS, held_out_pairs, load_split_tsv, one_line, read_lines
 from transformer_mt.data.languages import split_file
-from transformer_mt.data.words import seen_words
+from transformer_mt.data.words import seen_words, training_words
 from transformer_mt.decoding import robustness
-from transformer_mt.decoding.metrics import Scores, score
+from transformer_mt.decoding.metrics import Scores, bleu_and_length, score
 from transformer_mt.decoding.translator import Translator
 from transformer_mt.documents import report as documents_report
 from transformer_mt.documents.pipeline import DocumentTranslator
 from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.runtime.device import configure_threads, select_device
-from transformer_mt.runtime.files import atomic_write
+from transformer_mt.runtime.files import write_output
 
 log = logging.getLogger(__name__)
 
@@ -93,18 +93,21 @@ def evaluate(cfg: EvaluateConfig) -> float:
     out_dir = Path(cfg.output_dir) if cfg.output_dir else checkpoint.parent / "eval"
     members = len(engine.info.get("ensemble", ()))
     stem = f"{name}.{f'ensemble{members}' if members else checkpoint.stem}.{search}"
-    text = "\n".join(hypotheses) + "\n"
+    text = "".join(f"{one_line(h)}\n" for h in hypotheses)  # a line break in one would shift the rest
     if cfg.robustness:  # the same sentences as people also type them (decoding/robustness.py)
         rows, signatures = robustness.robustness(
             lambda s, **o: _best(engine, s, **o), sources, references, cfg.seed,
             folded=cfg.decoding.input_case == "fold", written=hypotheses)
         report["robustness"] = robustness.report(rows, signatures, cfg.seed)
     if cfg.documents:  # several sentences a line, spans, unseen names (documents/report.py)
+        if engine.known_words is None:  # a checkpoint older than its word list: the words of its data
+            engine.known_words = training_words(_dataset(engine))
         docs = DocumentTranslator.for_engine(engine, cfg.document)
         documents = _documents_report(cfg, docs, sources, references, hypotheses)
         report["documents"] = documents_report.report_json(documents)
-    atomic_write(out_dir / f"{stem}.hyp.txt", lambda f: f.write(text.encode("utf-8")))
-    atomic_write(out_dir / f"{stem}.json", lambda f: f.write(json.dumps(report, indent=2).encode("utf-8")))
+        report["documents"]["typos_names"] = typos = _names_on_typos(cfg, docs, sources, references)
+    write_output(out_dir / f"{stem}.hyp.txt", lambda f: f.write(text.encode("utf-8")))
+    write_output(out_dir / f"{stem}.json", lambda f: f.write(json.dumps(report, indent=2).encode("utf-8")))
     if not members:  # an ensemble is no one checkpoint's step
         step = int(engine.info.get("step") or 0)
         _log_tensorboard(checkpoint.parent, f"eval_{name}_{search}", scores, step)
@@ -120,6 +123,8 @@ def evaluate(cfg: EvaluateConfig) -> float:
     if cfg.documents:
         print(f"text as people have it (seed {cfg.seed}):")
         print(documents_report.table(documents))
+        print(f"  typos ({typos['sentences_changed']} sentences): BLEU {typos['bleu_names_copied']:.2f} with "
+              f"names the model never met copied, {typos['bleu_names_model']:.2f} with document.names=model")
         print(f"  {docs.summary()}")
     print(f"  wrote {out_dir / (stem + '.hyp.txt')} and {stem}.json")
     return scores.bleu
@@ -138,10 +143,27 @@ def _documents_report(cfg: EvaluateConfig, docs: DocumentTranslator, sources: li
     engine = docs.engine
     unsplit = DocumentTranslator.for_engine(engine, dataclasses.replace(cfg.document, split=False))
     unprotected = DocumentTranslator.for_engine(engine, dataclasses.replace(cfg.document, protect=False))
-    dataset = to_dataclass(OmegaConf.create(engine.info["config"]["dataset"]), DatasetConfig)
     return documents_report.documents_report(
         lambda t: _best(docs, t), lambda t: _best(unsplit, t), lambda t: _best(unprotected, t),
-        sources, references, written, cfg.seed, seen_words(dataset))
+        sources, references, written, cfg.seed, seen_words(engine.known_words or frozenset()))
+
+
+def _names_on_typos(cfg: EvaluateConfig, docs: DocumentTranslator, sources: list[str],
+                    references: list[str]) -> dict[str, float | int]:
+    """What copying capitalised words no training pair held costs text with typos (a misspelt first word
+    is one): the test sentences with the robustness report's typos, through the layer with names copied
+    and with document.names=model."""
+    typed = robustness.varied_sources(sources, cfg.seed)["typos"]
+    model = DocumentTranslator.for_engine(docs.engine, dataclasses.replace(cfg.document, names="model"))
+    copied = DocumentTranslator.for_engine(docs.engine, dataclasses.replace(cfg.document, names="copy"))
+    return {"sentences_changed": sum(t != s for t, s in zip(typed, sources, strict=True)),
+            "bleu_names_copied": bleu_and_length(_best(copied, typed), references)[0],
+            "bleu_names_model": bleu_and_length(_best(model, typed), references)[0]}
+
+
+def _dataset(engine: Translator) -> DatasetConfig:
+    """The dataset section of the engine's run."""
+    return to_dataclass(OmegaConf.create(engine.info["config"]["dataset"]), DatasetConfig)
 
 
 def _log_tensorboard(run_dir: Path, tag: str, scores: Scores, step: int) -> None:

@@ -8,22 +8,20 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
-
-import numpy as np
 
 from transformer_mt.checkpoints.parameter_count import parameter_count
 from transformer_mt.config import ModelConfig, TrainConfig, VariantsConfig
 from transformer_mt.config.overrides import named_keys
 from transformer_mt.config.typed import preset
-from transformer_mt.data import PreparedData, TokenBatchSampler
+from transformer_mt.data import PreparedData
 from transformer_mt.errors import TrainingError
 from transformer_mt.plan import rules
 from transformer_mt.plan.record import Choice, Measured, Plan
 from transformer_mt.runtime.device import pad_to_multiple, precision
 from transformer_mt.training import finetune
 from transformer_mt.training.probe import Probe
+from transformer_mt.training.run_length import RunLength
 from transformer_mt.training.start import RunStart
 from transformer_mt.training.throughput import relative_flops
 from transformer_mt.training.validation_cost import validation_seconds
@@ -49,45 +47,6 @@ class PlannedBatch(NamedTuple):
     measured: dict[int, float]
 
 
-@dataclass
-class RunLength:
-    """How many updates and epochs the rest of the budget holds at a batch size and its tokens/s (or the
-    user's training.epochs, when they end the run first): the one place a run's length is computed."""
-
-    data: PreparedData
-    budget_s: float
-    started: float  # time.perf_counter() when planning began: the budget counts the probe
-    accumulate: int
-    world_size: int
-    pad: int
-    epochs: int | None  # the user's training.epochs, None when the budget ends the run
-    _epochs: dict[int, tuple[int, int]] = field(default_factory=dict, repr=False)
-
-    @property
-    def batches_per_update(self) -> int:
-        return self.accumulate * self.world_size
-
-    def epoch(self, batch_tokens: int) -> tuple[int, int]:
-        """(optimizer steps, target tokens with their eos) of the first epoch at this batch size."""
-        if batch_tokens not in self._epochs:
-            mixture, train = self.data.mixture, self.data.train
-            lengths = train.lengths()[mixture.rows(0) if mixture is not None else np.arange(len(train))]
-            sampler = TokenBatchSampler(lengths, batch_tokens, shuffle=False, pad_to_multiple=self.pad)
-            steps = max(math.ceil(sampler.num_batches(self.world_size) / self.accumulate), 1)
-            self._epochs[batch_tokens] = steps, int(lengths[:, 1].sum()) + len(lengths)
-        return self._epochs[batch_tokens]
-
-    def expect(self, batch_tokens: int, tokens_per_s: float) -> tuple[float, float, str]:
-        """(updates, epochs, what ends the run: "budget" or "epochs"), tokens_per_s of one process."""
-        steps_per_epoch, epoch_tokens = self.epoch(batch_tokens)
-        step_s = epoch_tokens / self.world_size / steps_per_epoch / tokens_per_s  # one process's share
-        train_s = (self.budget_s - (time.perf_counter() - self.started)) * (1 - rules.VALIDATION_SHARE)
-        epochs = train_s / step_s / steps_per_epoch
-        if self.epochs is not None and self.epochs < epochs:
-            return self.epochs * steps_per_epoch, float(self.epochs), "epochs"
-        return epochs * steps_per_epoch, epochs, "budget"
-
-
 def chosen_by_you(cfg: TrainConfig, overrides: Sequence[str]) -> set[str]:
     """The planned keys the user chose: named in an override, or different from the schema's default
     (an experiment or `model=...` file set them); a model group or `init=` chooses the whole shape."""
@@ -95,7 +54,7 @@ def chosen_by_you(cfg: TrainConfig, overrides: Sequence[str]) -> set[str]:
     yours = {key for key in PLANNED if key in named or _get(cfg, key) != _get(default, key)}
     if "model" in named or cfg.init or yours & set(SHAPE):
         yours |= set(SHAPE)
-    return yours
+    return yours | {key for key in named if key.startswith("dataset.variants.")}
 
 
 def inputs(cfg: TrainConfig, overrides: Sequence[str]) -> TrainConfig:
@@ -106,7 +65,7 @@ def inputs(cfg: TrainConfig, overrides: Sequence[str]) -> TrainConfig:
             or any(m.variants for m in cfg.dataset.mix)):
         return cfg
     chosen = {name: p for name, p in rules.VARIANTS.items() if p}
-    log.info("plan: dataset.variants %s (as people type; dataset.variants.caps=0: none)", chosen)
+    log.info("plan: dataset.variants %s (as people type and write; dataset.variants.caps=0: none)", chosen)
     variants = VariantsConfig(**rules.VARIANTS)
     return dataclasses.replace(cfg, dataset=dataclasses.replace(cfg.dataset, variants=variants))
 
@@ -246,7 +205,7 @@ def make(cfg: TrainConfig, start: RunStart, overrides: Sequence[str]) -> Plan:
     probe = Probe(data, device, amp, cfg.seed, started + sweep_s, pad, sweep_s / TIMED_SIZES,
                   started + (BATCH_SWEEP_SHARE + SHAPE_SHARE) * PROBE_SHARE * budget_s)
     length = RunLength(data, budget_s, started, t.accumulate, start.world.size, pad,
-                       t.epochs if "training.epochs" in planner.yours else None)
+                       t.epochs if "training.epochs" in planner.yours else None, rules.VALIDATION_SHARE)
     model, batch, shape_speeds = planner.shape(probe, data, length)
     per_pair = validation_seconds(model, data, cfg.decoding, batch.tokens, device, amp, decode_amp,
                                   started + PROBE_SHARE * budget_s, rules.VALID_SENTENCES)
@@ -261,7 +220,17 @@ def make(cfg: TrainConfig, start: RunStart, overrides: Sequence[str]) -> Plan:
                                   budget_s, per_pair)
     measured = Measured(time.perf_counter() - started, batch.tokens_per_s, batch.measured, shape_speeds,
                         updates, epochs, steps_per_epoch, ends_by, validation_s)
-    return Plan(tuple(planner.choices[key] for key in PLANNED), measured)
+    return Plan((*(planner.choices[key] for key in PLANNED), *variant_choices(cfg, overrides)), measured)
+
+
+def variant_choices(cfg: TrainConfig, overrides: Sequence[str]) -> tuple[Choice, ...]:
+    """The input variants the run trains with (`inputs` chose them before the data), each as the plan's
+    choice when they are its rules.VARIANTS and no dataset.variants key was named, else yours."""
+    named = any(key.startswith("dataset.variants") for key in named_keys(overrides))
+    planned = not named and cfg.dataset.variants == VariantsConfig(**rules.VARIANTS)
+    return tuple(Choice(f"dataset.variants.{name}", p, "plan" if planned else "you",
+                        rules.VARIANTS_WHY if planned else "")
+                 for name, p in dataclasses.asdict(cfg.dataset.variants).items())
 
 
 def _between(measured: dict[int, float], size: int) -> float:

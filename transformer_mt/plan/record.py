@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -55,9 +56,9 @@ class Plan:
         """A copy of cfg with the plan's values, except for `yours` (also a resumed run's command line's)."""
         cfg = copy.deepcopy(cfg)
         for key, value, source, _ in self.choices:
-            if source == "plan" and key not in yours:
-                section, name = key.split(".")
-                setattr(getattr(cfg, section), name, value)
+            if source == "plan" and key not in yours:  # section.name, or section.group.name
+                *path, name = key.split(".")
+                setattr(functools.reduce(getattr, path, cfg), name, value)
         return cfg
 
     def table(self) -> str:

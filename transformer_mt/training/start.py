@@ -1,6 +1,6 @@
 """What a run starts from, read before its plan (plan/) and its Trainer are made: the processes and this
 one's device and precision, every random generator seeded, the checkpoint it resumes or the parent it
-fine-tunes, and the prepared data encoded with the right tokenizer.
+fine-tunes, the prepared data encoded with the right tokenizer, and the words of its training pairs.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from transformer_mt.checkpoints import store as ckpt
 from transformer_mt.config import TrainConfig
-from transformer_mt.data import PreparedData
+from transformer_mt.data import PreparedData, words
 from transformer_mt.data.tokenizer import Vocabulary
 from transformer_mt.runtime.device import Precision, configure_threads, precision, select_device
 from transformer_mt.runtime.files import check_writable
@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class RunStart:
     """A run's processes, device, precision and data; the checkpoint it resumes (`resume=`), or the parent
-    checkpoint it fine-tunes (`init=`) and that checkpoint's path; when it started (time.perf_counter)."""
+    checkpoint it fine-tunes (`init=`) and that checkpoint's path; when it started (time.perf_counter);
+    the words its training pairs hold, its parent's too (data/words.py; None but on the main process)."""
 
     world: distributed.World
     device: torch.device
@@ -38,6 +39,7 @@ class RunStart:
     parent: dict[str, Any] | None
     parent_path: str | None  # recorded in checkpoints and result.json: the run this one fine-tunes
     started: float
+    words: frozenset[str] | None = None
 
 
 def start_run(cfg: TrainConfig, run_dir: Path) -> RunStart:
@@ -59,4 +61,19 @@ def start_run(cfg: TrainConfig, run_dir: Path) -> RunStart:
         parent_path = str(path.resolve())
     vocab = Vocabulary.from_json((state or parent)["tokenizer"]) if state or parent else None
     data = distributed.prepare_data(cfg.dataset, cfg.tokenizer, run_dir, vocab, world)
-    return RunStart(world, device, precision(cfg.device, device), data, state, parent, parent_path, started)
+    known = _training_words(cfg, state, parent) if world.is_main else None
+    return RunStart(world, device, precision(cfg.device, device), data, state, parent, parent_path, started,
+                    known)
+
+
+def _training_words(cfg: TrainConfig, state: dict[str, Any] | None,
+                    parent: dict[str, Any] | None) -> frozenset[str]:
+    """The words the model meets: those the resumed checkpoint lists, else its training pairs' and the
+    fine-tuned parent's."""
+    if state is not None and (listed := ckpt.word_list(state)) is not None:
+        return listed
+    took = time.perf_counter()
+    inherited = ckpt.word_list(parent) if parent else None
+    known = words.training_words(cfg.dataset) | (inherited or frozenset())
+    log.info("%d words in the training pairs (%.1fs)", len(known), time.perf_counter() - took)
+    return known

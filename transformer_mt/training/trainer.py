@@ -15,6 +15,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from transformer_mt.checkpoints import store as ckpt
+from transformer_mt.checkpoints.fields import WORDS
 from transformer_mt.config import TrainConfig
 from transformer_mt.data import Batch
 from transformer_mt.data.epochs import TrainingEpochs
@@ -42,7 +44,18 @@ from transformer_mt.training.step import TrainStep
 from transformer_mt.training.validation import Validator
 
 log = logging.getLogger(__name__)
-INTERRUPTED = "interrupted"
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Why training stops: what the log says, and whether it was interrupted (Ctrl-C, SIGTERM: the run
+    saves where it stands, to resume) rather than done (its budget, epochs or patience spent)."""
+
+    why: str
+    interrupted: bool = False
+
+
+INTERRUPTED = Stop("interrupted", interrupted=True)
 
 
 class Trainer:
@@ -62,6 +75,7 @@ class Trainer:
         self.precision, self.amp = start.precision, start.precision.dtype
         self.data, self.vocab = start.data, start.data.vocab
         self.parent, self.started = start.parent_path, start.started
+        self.word_list = ckpt.word_entry(start.words) if start.words is not None else None
         self.model = ckpt.build_model(cfg.model, self.vocab, resumed=start.state).to(self.device)
         self.optimizer = build_optimizer(self.model, t, self.device)
         self.ema = ema.build(self.model, t.ema_decay)  # then validated, saved and translated with
@@ -134,19 +148,19 @@ class Trainer:
             self.records.text("config", f"```\n{OmegaConf.to_yaml(OmegaConf.structured(self.cfg))}\n```", 0)
         self.clock.start()
         with self.interrupt:
-            reason = self.should_stop()
-            if reason and reason != INTERRUPTED and not self.validated_at_step:  # resumed past the budget:
-                reason = self._validate_and_save() or reason  # validate where the run would have
-            while not reason:
-                reason = self.train_epoch()
-                if reason != INTERRUPTED and not self.validated_at_step:  # the epoch's end, or a stop
-                    reason = self._validate_and_save() or reason
+            stop = self.should_stop()
+            if stop and not stop.interrupted and not self.validated_at_step:  # resumed past the budget:
+                stop = self._validate_and_save() or stop  # validate where the run would have
+            while stop is None:
+                stop = self.train_epoch()
+                if not (stop and stop.interrupted) and not self.validated_at_step:  # an epoch's end, a stop
+                    stop = self._validate_and_save() or stop
         self.epochs.close()
-        if reason == INTERRUPTED:
+        if stop.interrupted:
             self._save(tag="interrupt")
             log.warning("stopped; continue with: transformer-mt train resume=%s", self.run_dir)
             return self._best_value()
-        log.info("stopping: %s", reason)
+        log.info("stopping: %s", stop.why)
         if t.average_last >= 2 and self.world.is_main:  # kept as best.pt if validation agrees
             epoch = self.epoch + (1 if self.batch_in_epoch else 0)
             self.best = self.validate.keep_average(self.run_dir, t.average_last, self.best, self.step, epoch,
@@ -156,22 +170,22 @@ class Trainer:
                  self.best["epoch"], self.best.get("step"), self.run_dir)
         return self._best_value()
 
-    def should_stop(self) -> str:
-        """Why training must stop now ('' to go on): the same answer on every rank, and for a run
+    def should_stop(self) -> Stop | None:
+        """Why training must stop now (None to go on): the same answer on every rank, and for a run
         resumed from the checkpoint written at this point (the clock has not moved since)."""
         t = self.cfg.training
         if self.interrupt.requested:
             return INTERRUPTED
         if t.patience and self.bad_epochs >= t.patience:
-            return f"no improvement in {t.patience} validations"
+            return Stop(f"no improvement in {t.patience} validations")
         if self.clock.used() >= 1:
-            return f"time budget of {t.max_minutes} minutes reached"
+            return Stop(f"time budget of {t.max_minutes} minutes reached")
         if self.epoch >= t.epochs:
-            return f"training.epochs={t.epochs} reached"
-        return ""
+            return Stop(f"training.epochs={t.epochs} reached")
+        return None
 
-    def train_epoch(self) -> str:
-        """One pass over the epoch's batches (from where a run left off); a reason to stop, '' at its end."""
+    def train_epoch(self) -> Stop | None:
+        """One pass over the epoch's batches (from where a run left off); why to stop, None at its end."""
         t = self.cfg.training
         train, sampler = self.epochs(self.epoch)
         batches = sampler.batches(self.epoch, self.world.rank, self.world.size)
@@ -200,10 +214,10 @@ class Trainer:
                 bar.update(self.batch_in_epoch - bar.n)
                 if self.step % t.log_every == 0 or self.batch_in_epoch == len(batches):
                     self._log_progress(bar)
-                reason = self._after_step()
-                if reason:
-                    return reason
-        return ""
+                stop = self._after_step()
+                if stop:
+                    return stop
+        return None
 
     def train_step(self, batch: Batch, step_tokens: int, ends_step: bool) -> None:
         """Forward and backward of one micro-batch (step.py); out of memory: what to change, in one line."""
@@ -227,14 +241,14 @@ class Trainer:
         self.steps.update()
         self.step += 1
 
-    def _after_step(self) -> str:
+    def _after_step(self) -> Stop | None:
         """Validate or save when the step calls for it; then whether to stop."""
         t = self.cfg.training
         validate_now = t.valid_every_steps and self.step % t.valid_every_steps == 0
         if validate_now and self.batch_in_epoch < self.epoch_batches:  # (else the epoch's own follows)
-            reason = self._validate_and_save()
+            stop = self._validate_and_save()
             self.model.train()
-            return reason or self.should_stop()
+            return stop or self.should_stop()
         if not validate_now and t.save_every_steps and self.step % t.save_every_steps == 0:
             self._save(tag="latest")
         return self.should_stop()
@@ -256,8 +270,8 @@ class Trainer:
         return values["grad_norm"]
 
     # -- validation, checkpoints and records ------------------------------------------------------
-    def _validate_and_save(self) -> str:
-        """Validate (rank 0), update the best, keep a checkpoint; a reason to stop, decided before saving."""
+    def _validate_and_save(self) -> Stop | None:
+        """Validate (rank 0), update the best, keep a checkpoint; why to stop, decided before saving."""
         self._read_tally()  # a diverged run stops here, before anything is validated or saved
         improved = False
         if self.world.is_main:
@@ -271,9 +285,9 @@ class Trainer:
         if end_of_epoch:
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0
         self.validated_at_step = True
-        reason = self.should_stop()  # writing the checkpoint counts at the next tick
+        stop = self.should_stop()  # writing the checkpoint counts at the next tick
         self._save(tag="epoch" if end_of_epoch else "step", improved=improved)
-        return reason
+        return stop
 
     def _update_best(self, value: float) -> bool:
         """Record a validation's metric; True when it is the best so far (a NaN never is)."""
@@ -303,6 +317,7 @@ class Trainer:
             "train_seconds": self.clock.seconds, "world_size": self.world.size, "rng": rng_state(),
             "validated": self.validated_at_step,  # this position's validation is done (or still due)
             "parent": self.parent, "plan": self.plan,  # (init=, training.plan=auto; or None)
+            WORDS: self.word_list,  # what translation copies as a name the model never met
         }
         name = {"epoch": f"epoch_{self.epoch:03d}.pt", "step": f"step_{self.step:07d}.pt"}.get(tag)
         path = ckpt.keep_checkpoint(state, self.run_dir, name, self.cfg.training.keep_last, improved)
