@@ -89,7 +89,8 @@ def ct2_speeds(checkpoint: Path, sources: list[str], refs: list[str], beam5_bleu
     try:
         import ctranslate2  # noqa: F401
 
-        from transformer_mt.decoding.ct2 import CT2Translator, export_ctranslate2
+        from transformer_mt.decoding.ct2 import CT2Translator
+        from transformer_mt.interop.ct2_export import export_ctranslate2
     except ImportError:
         return {"ct2_int8_beam5_sent_s": None, "ct2_bleu_delta": None}
     results: dict[str, float] = {}

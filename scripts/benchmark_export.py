@@ -29,9 +29,10 @@ from timing import load_warning, machine  # beside this script
 from transformer_mt.config import DecodingConfig
 from transformer_mt.data import load_split_tsv
 from transformer_mt.data.split import SPLIT_DIR
-from transformer_mt.decoding.ct2 import CT2Translator, export_ctranslate2
+from transformer_mt.decoding.ct2 import CT2Translator
 from transformer_mt.decoding.metrics import score
 from transformer_mt.decoding.translator import Translator
+from transformer_mt.interop.ct2_export import export_ctranslate2
 from transformer_mt.interop.generate import ExportedModel
 from transformer_mt.interop.onnx import export_onnx
 from transformer_mt.tables import markdown_table

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv, install CPU PyTorch and the package (editable, with dev tools and the Hydra sweeper and
 # launcher plugins), and put the corpus in data/.
-# Usage: bash scripts/setup.sh            (TORCH_SPEC=torch==2.5.1 or a CUDA index URL to pick another build)
+# Usage: bash scripts/setup.sh            (TORCH_SPEC=torch==2.6.0 or a CUDA index URL to pick another build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,7 +11,7 @@ TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 # shellcheck disable=SC1091
 source .venv/bin/activate
 python -m pip install -q --upgrade pip
-# torch first and pinned: otherwise pip resolves `torch>=2.4` to a multi-GB CUDA build.
+# torch first and pinned: otherwise pip resolves `torch>=2.6` to a multi-GB CUDA build.
 python -m pip install -q "$TORCH_SPEC"
 python -m pip install -q -e ".[dev,ct2,hf,onnx,serve,sweep,slurm]"
 

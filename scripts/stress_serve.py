@@ -4,13 +4,17 @@
         [-- serve overrides]
 
 A real server is started on 127.0.0.1 (a free port). `--clients` threads send requests back to back for
-`--seconds`; every fourth client is hostile and cycles through five kinds of abuse:
+`--seconds`; every fourth client is hostile and cycles through eight kinds of abuse:
 
 - attention: eight texts of 300 characters with `attention: true` and the server's largest beam;
 - surrogate: a text holding a lone UTF-16 surrogate (`"\\ud800"`), which no tokenizer can encode;
 - prefix: a prefix far longer than the model's positions;
 - hang-up: a long request, then the connection closed before the answer;
-- slow body: a body announced by Content-Length and sent a few bytes a second.
+- slow body: a body announced by Content-Length and sent a few bytes a second;
+- items bomb: a body near the size limit of one list of hundreds of thousands of numbers for texts;
+- keys bomb: a body near the size limit of tens of thousands of keys that are not fields;
+- never reads: a request for per-head attention (an answer of megabytes), then a connection that reads
+  nothing (a small receive buffer) and stays open until the server gives up on it.
 
 The others send one test sentence each and check the answer: 200 with one translation (and whether it
 equals the sentence's translation before the load), or 503 with Retry-After. Meanwhile /health is asked
@@ -40,7 +44,9 @@ from transformer_mt.data import load_split_tsv
 from transformer_mt.data.split import SPLIT_DIR
 from transformer_mt.tables import markdown_table
 
-HOSTILE = ("attention", "surrogate", "prefix", "hang-up", "slow body")
+HOSTILE = ("attention", "surrogate", "prefix", "hang-up", "slow body", "items bomb", "keys bomb",
+           "never reads")
+BODY_BYTES = 800_000  # the bombs' size: under the default body limit (833,536 bytes)
 TIMEOUT = 120.0  # a client's socket timeout: a well-formed request may wait behind a full queue
 
 
@@ -120,6 +126,14 @@ def hostile(host: str, port: int, kind: str, long_text: str, max_beam: int, tall
             with socket.create_connection((host, port), timeout=10) as sock:
                 sock.sendall(_head(host, len(body)) + body)
             status = "hung up"
+        elif kind == "items bomb":
+            status, _, _ = request(host, port, "POST", "/translate", b'{"text": [' + b"0," * (BODY_BYTES // 2)
+                                   + b"0]}")
+        elif kind == "keys bomb":
+            keys = ", ".join(f'"k{i}": 0' for i in range(BODY_BYTES // 12))
+            status, _, _ = request(host, port, "POST", "/translate", f'{{"text": "a", {keys}}}'.encode())
+        elif kind == "never reads":
+            status = _never_reads(host, port, long_text, end)
         else:
             status = _slow_body(host, port, min(15.0, max(1.0, end - time.monotonic())))
     except OSError as ex:
@@ -152,6 +166,27 @@ def _slow_body(host: str, port: int, seconds: float) -> str:
                 return "closed"
             sock.sendall(body[i:i + 2])
     return "sent whole"
+
+
+def _never_reads(host: str, port: int, long_text: str, end: float) -> str:
+    """Ask for an answer of megabytes (eight texts, attention per layer and head), read none of it, and hold
+    the connection until the server drops it (its send timeout) or the load ends."""
+    body = json.dumps({"text": [long_text[:300]] * 8, "attention": "heads"}).encode()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
+        sock.settimeout(10)
+        sock.connect((host, port))
+        sock.sendall(_head(host, len(body)) + body)
+        while time.monotonic() < end:
+            try:  # a peek that takes nothing off the buffer: the server sees a client that never reads
+                if not sock.recv(1, socket.MSG_PEEK):
+                    return "dropped by the server"
+            except TimeoutError:
+                pass
+            except OSError:
+                return "dropped by the server"
+            time.sleep(1.0)
+    return "held to the end"
 
 
 def watch(host: str, port: int, pid: int, stop: threading.Event, out: dict[str, Any]) -> None:

@@ -52,11 +52,21 @@ def under_ci() -> bool:
 
 
 def missing(what: str) -> NoReturn:
-    """What a test needs (a corpus under ../shared, a browser) is not on this machine: the test is skipped
-    with `what`, except under CI, which must run the whole suite, so there the test fails."""
+    """What a test needs (a corpus under ../shared, a browser, an extra) is not on this machine: the test
+    (or, called at a module's top, its whole file) is skipped with `what`, except under CI, which must run
+    the whole suite, so there it fails."""
     if under_ci():
         pytest.fail(f"{what} (CI is set: the whole suite must run here)")
-    pytest.skip(what)
+    pytest.skip(what, allow_module_level=True)
+
+
+def require(module: str) -> Any:
+    """`module` imported; where it is not installed (an extra), `missing` says so: skipped, or under CI,
+    which installs every extra, failed."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as ex:
+        missing(f"{module} is not installed ({ex}); install the extras: pip install -e '.[dev,all]'")
 
 
 def tatoeba_corpus() -> Path:

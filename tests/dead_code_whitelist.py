@@ -19,7 +19,9 @@ _.id  # hydra.job.id, set as Hydra's launcher sets it
 _.find_class
 _.persistent_load
 # Settings of objects of other libraries: CTranslate2's model spec, a `tokenizers` Tokenizer, what a
-# fused torch optimizer's step reads (as GradScaler sets it).
+# fused torch optimizer's step reads (as GradScaler sets it), the app uvicorn answers past its
+# connection limit with (jobs/serve.py).
+_.service_unavailable
 _.found_inf
 _.grad_scale
 _.gamma

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import transformer_mt as tmt
-from tests.conftest import held_out_pairs, run_cli
+from tests.conftest import held_out_pairs, require, run_cli
 from transformer_mt.config import DecodingConfig, TokenizerConfig
 from transformer_mt.data.tokenizer import train_tokenizers
 from transformer_mt.decoding.alignment import pharaoh, source_words, target_words, word_alignment
@@ -67,6 +67,15 @@ def test_the_forced_pass_sees_the_attention_the_search_saw(tiny_engine: Translat
             torch.testing.assert_close(weights, h.attention[layer].mean(0), atol=1e-4, rtol=0)
 
 
+def test_the_forced_pass_stops_when_nobody_waits(tiny_engine: Translator, held_out) -> None:
+    from transformer_mt.decoding.search import DecodingStopped
+
+    src_ids = tiny_engine.vocab.encode_src(held_out[0])
+    with pytest.raises(DecodingStopped):
+        forced_attention(tiny_engine.model, src_ids, src_ids, tiny_engine.device, 6000, -1,
+                         should_stop=lambda: True)
+
+
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_every_target_word_is_aligned_within_range(tiny_engine: Translator, held_out, beam_size: int) -> None:
     sources, references = held_out
@@ -84,6 +93,10 @@ def test_every_target_word_is_aligned_within_range(tiny_engine: Translator, held
             checked += n_tgt
     assert checked >= 2 * len(sources)  # real words checked, not empty outputs
     assert tiny_engine.translate_nbest(sources[:2])[0][0].alignment is None  # only when asked
+    best = tiny_engine.translate_nbest(sources, prefixes=prefixes, beam_size=beam_size,
+                                       n_best=min(2, beam_size), alignment=True, aligned=1)
+    assert [[t.alignment for t in nbest] for nbest in best] == \
+        [[t.alignment if k == 0 else None for k, t in enumerate(nbest)] for nbest in results]
     with pytest.raises(tmt.config.ConfigError, match="alignment_layer=5 is out of range"):
         tiny_engine.translate_nbest(sources[:1], alignment=True, alignment_layer=5)
 
@@ -101,7 +114,7 @@ def test_translate_prints_alignments_as_a_second_column(tiny_run: Path, tiny_eng
 
 
 def test_serve_returns_alignments_when_asked(tiny_run: Path, tiny_engine: Translator) -> None:
-    pytest.importorskip("fastapi")
+    require("fastapi")
     from fastapi.testclient import TestClient
 
     from transformer_mt.serve.app import create_app

@@ -183,6 +183,28 @@ def test_a_tokenizer_that_pads_or_is_not_json_is_refused(tmp_path: Path, state: 
         model_from_checkpoint(_write(tmp_path, state, tokenizer=unreadable))
 
 
+def test_a_tokenizer_other_than_ours_is_refused_before_it_splits_a_text(tmp_path: Path,
+                                                                       state: dict[str, Any]) -> None:
+    """A crafted splitter regex or normaliser could make tokenizers panic or run for ever on a user's text:
+    only the parts transformer-mt builds for the kind are read; a vocabulary of absurd pieces neither."""
+    from transformer_mt.checkpoints.tokenizer_rules import check_tokenizer_parts as _check_tokenizer_parts
+
+    split = {"type": "Split", "pattern": {"Regex": "(a+)+$"}, "behavior": "Isolated", "invert": False}
+    for part, value in (("pre_tokenizer", split), ("normalizer", {"type": "Lowercase"}),
+                        ("decoder", {"type": "Fuse"})):
+        crafted = _tokenizer_json(state, **{part: value})
+        with pytest.raises(CheckpointError, match=rf"tokenizer.src.{part} is .*, expected the {part} "
+                                                  r"transformer-mt builds for tokenizer.kind=wordlevel"):
+            model_from_checkpoint(_write(tmp_path, state, tokenizer=crafted))
+    spec = json.loads(state["tokenizer"]["src"])
+    _check_tokenizer_parts(tmp_path, "tokenizer.src", "wordlevel", spec)  # as trained: accepted
+    with pytest.raises(CheckpointError, match="model.type is 'WordLevel', expected 'BPE' for bpe"):
+        _check_tokenizer_parts(tmp_path, "tokenizer.src", "bpe", spec)
+    spec["model"]["vocab"]["x" * 300] = len(spec["model"]["vocab"])
+    with pytest.raises(CheckpointError, match="longest piece is '300 characters', expected at most 256"):
+        _check_tokenizer_parts(tmp_path, "tokenizer.src", "wordlevel", spec)
+
+
 def test_random_bytes_are_corrupt_not_refused(tmp_path: Path, state: dict[str, Any]) -> None:
     """Damaged bytes are reported as corrupt (use an earlier checkpoint), whatever the unpickler makes of
     them; only a pickle naming code is refused (test_faults.py)."""

@@ -106,6 +106,36 @@ def test_a_compressed_archive_is_corrupt(tmp_path: Path, tiny_run: Path) -> None
         read_header(path)
 
 
+def test_a_legacy_pickle_before_a_valid_archive_is_refused_by_every_loader(tmp_path: Path,
+                                                                          tiny_run: Path) -> None:
+    """zipfile finds an archive by its end, torch.load a legacy pickle by the file's start: a file that is
+    both must not pass the one check and be read by the other (on torch below 2.6 the legacy reader can
+    run code under weights_only)."""
+    from transformer_mt.decoding.translator import Translator
+
+    path = tmp_path / "both.pt"
+    with open(path, "wb") as file:
+        torch.save({"anything": 1}, file, _use_new_zipfile_serialization=False)
+        file.write((tiny_run / BEST).read_bytes())
+    assert zipfile.is_zipfile(path)
+    for load in (read_header, load_checkpoint, Translator.from_checkpoint):
+        with pytest.raises(CheckpointError, match="not the zip archive torch.save writes"):
+            load(path)
+
+
+def test_the_python_api_checks_the_header_before_torch_builds_anything(tmp_path: Path,
+                                                                     trained: dict[str, Any]) -> None:
+    from transformer_mt.decoding.translator import Translator
+
+    path = tmp_path / "claims.pt"
+    claimed = {**trained["model_config"], "encoder_layers": 256}
+    save_checkpoint({**trained, "model_config": claimed}, path)
+    lacking = r"claims.pt: model_config describes a model of [\d,]+ parameters, its weights hold [\d,]+"
+    with pytest.raises(CheckpointError, match=lacking) as refused:
+        Translator.from_checkpoint(path, device="cpu")  # the weights against the config, on the meta device
+    assert "\n" not in str(refused.value)
+
+
 def test_a_storage_smaller_than_its_tensors_claim_is_refused(tmp_path: Path, tiny_run: Path) -> None:
     source = tiny_run / BEST
     with zipfile.ZipFile(source) as archive:
@@ -140,6 +170,13 @@ def test_a_model_config_that_does_not_fit_is_one_line(tmp_path: Path, trained: d
     path = tmp_path / "claims.pt"
     save_checkpoint({**trained, "model_config": {**trained["model_config"], field: value}}, path)
     with pytest.raises(CheckpointError, match=message):
+        read_header(path)
+
+
+def test_a_word_list_that_is_not_text_is_one_line(tmp_path: Path, trained: dict[str, Any]) -> None:
+    path = tmp_path / "words.pt"
+    save_checkpoint({**trained, "words": 7}, path)
+    with pytest.raises(CheckpointError, match="words is 7, expected a string"):
         read_header(path)
 
 

@@ -12,7 +12,7 @@ import transformer_mt as tmt
 from tests.conftest import smoke_overrides
 from transformer_mt.checkpoints.store import TRAINED, UPDATES, average_checkpoints, load_checkpoint
 from transformer_mt.config import ModelConfig
-from transformer_mt.config.overrides import with_resumed_overrides
+from transformer_mt.jobs.replayed import with_resumed_overrides
 from transformer_mt.jobs.train import build_trainer
 from transformer_mt.model import Transformer
 from transformer_mt.training.ema import WeightAverage, warmed_up_decay

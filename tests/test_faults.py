@@ -179,7 +179,7 @@ def test_a_resumed_run_reads_its_checkpoint_once(reference_run: Path, tmp_path: 
 def test_a_run_saved_with_old_key_names_resumes(reference_run: Path, tmp_path: Path) -> None:
     """Its saved overrides are carried over to today's names (or dropped, if train ignored them)."""
     from transformer_mt.checkpoints.store import save_checkpoint
-    from transformer_mt.config.overrides import with_resumed_overrides
+    from transformer_mt.jobs.replayed import with_resumed_overrides
 
     state = load_checkpoint(reference_run / "epoch_002.pt")
     state["overrides"] = [*state["overrides"], "training.valid_beam_size=2", "debug=false",

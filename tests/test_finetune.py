@@ -18,10 +18,10 @@ import torch
 import transformer_mt as tmt
 from tests.conftest import DATA_CACHE, multi30k, run_cli
 from transformer_mt.checkpoints.store import BEST, TRAINED, load_checkpoint
-from transformer_mt.config.overrides import with_resumed_overrides
 from transformer_mt.data import prepare_data
 from transformer_mt.data.tokenizer import Vocabulary
 from transformer_mt.errors import CheckpointError, ConfigError
+from transformer_mt.jobs.replayed import with_resumed_overrides
 from transformer_mt.jobs.train import build_trainer
 from transformer_mt.training import finetune
 

@@ -15,14 +15,14 @@ import pytest
 import torch
 
 import transformer_mt as tmt
-from tests.conftest import fitted_checkpoint, tiny_overrides
+from tests.conftest import fitted_checkpoint, require, run_cli, tiny_overrides
 from transformer_mt.checkpoints.store import model_from_checkpoint
 from transformer_mt.config import ConfigError, DecodingConfig
 from transformer_mt.data.tokenizer import Vocabulary
 from transformer_mt.decoding.translator import Translator
 from transformer_mt.errors import CheckpointError, ExportError
 
-pytest.importorskip("transformers")
+require("transformers")
 
 from transformer_mt.decoding.search import gnmt_slope as length_exponent  # noqa: E402
 from transformer_mt.interop import hf_import  # noqa: E402
@@ -76,6 +76,22 @@ def test_a_fine_tuning_run_starts_from_the_exported_run(tiny_run: Path, corpus: 
         assert torch.equal(trainer.model.state_dict()[key], tensor), key
 
 
+def test_train_init_an_exported_directory_through_the_command_line(tiny_run: Path, corpus: Path,
+                                                                  tmp_path: Path) -> None:
+    """The documented round trip: `export format=hf`, then `train init=<that directory>`; the command line
+    checks the directory before torch is imported as it checks a checkpoint's header."""
+    exported = export_hf(tiny_run, tmp_path / "hf")
+    overrides = tiny_overrides(corpus, tmp_path / "run", init=exported, **{"training.epochs": 1})
+    done = run_cli("train", *overrides)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "run" / "latest.pt").is_file()
+    (exported / "config.json").write_text(json.dumps({**json.loads((exported / "config.json").read_text()),
+                                                       "model_type": "bert"}))
+    refused = run_cli("train", *tiny_overrides(corpus, tmp_path / "again", init=exported))
+    assert refused.returncode != 0 and "model_type 'bert'" in refused.stderr
+    assert "Traceback" not in refused.stderr and not (tmp_path / "again" / "latest.pt").exists()
+
+
 def test_what_the_classes_cannot_hold_is_refused_in_one_line(fit_pairs: tuple[list[str], list[str]],
                                                              tmp_path: Path) -> None:
     run, _ = fitted_checkpoint(fit_pairs, tmp_path / "learned", steps=1, positional="learned")
@@ -112,8 +128,12 @@ def _foreign(exported: Path, tmp_path: Path, name: str) -> Path:
     ("not json", "config.json is not valid JSON"),
     ("no d_model", "config.json lacks d_model"),
     ("opus-mt", "SentencePiece models source.spm, target.spm, as OPUS-MT ships: not supported"),
-    ("truncated weights", "model.safetensors cannot be read"),
+    ("truncated weights", "model.safetensors is damaged"),
     ("output bias", "final_logits_bias"),
+    ("huge config", "its model_config breaks|d_model=.* is out of range|out of range"),
+    ("fewer weights", r"describe a model of [\d,]+ parameters .* its model.safetensors holds"),
+    ("a pickle", r"no model.safetensors \(pytorch_model.bin is not loaded"),
+    ("crafted splitter", "tokenizer.json.pre_tokenizer is .*, expected the pre_tokenizer transformer-mt"),
 ])
 def test_a_foreign_or_corrupt_directory_is_refused_in_one_line(fitted: tuple[str, Path, Path], tmp_path: Path,
                                                                 damage: str, message: str) -> None:
@@ -133,6 +153,17 @@ def test_a_foreign_or_corrupt_directory_is_refused_in_one_line(fitted: tuple[str
     elif damage == "truncated weights":
         weights = directory / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[:1000])
+    elif damage == "huge config":
+        (directory / "config.json").write_text(json.dumps({**config, "d_model": 10**6}))
+    elif damage == "fewer weights":
+        (directory / "config.json").write_text(json.dumps({**config, "encoder_layers": 60}))
+    elif damage == "a pickle":
+        (directory / "model.safetensors").rename(directory / "pytorch_model.bin")
+    elif damage == "crafted splitter":
+        tokenizer = json.loads((directory / "tokenizer.json").read_text())
+        tokenizer["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "(a+)+$"}, "behavior": "Isolated",
+                                      "invert": False}
+        (directory / "tokenizer.json").write_text(json.dumps(tokenizer))
     else:
         from safetensors.torch import load_file, save_file
 

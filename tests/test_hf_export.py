@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import require
 from transformer_mt.config import ModelConfig
 from transformer_mt.interop.hf_weights import from_hf, residual_order, to_hf
 from transformer_mt.model import Transformer
@@ -51,7 +52,7 @@ def test_the_weights_go_there_and_back_bit_for_bit(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["post-norm", "pre-norm"])
 def test_the_hf_model_computes_our_logits(name: str) -> None:
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     model = _model(name)
     c = model.config
     common = dict(vocab_size=VOCAB, d_model=c.d_model, encoder_layers=c.encoder_layers,

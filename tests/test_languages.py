@@ -19,7 +19,7 @@ import sacrebleu
 import torch
 
 import transformer_mt as tmt
-from tests.conftest import ROOT, missing, smoke_overrides
+from tests.conftest import ROOT, missing, require, smoke_overrides
 from transformer_mt.config import ConfigError, DatasetConfig, DecodingConfig, MixedCorpus, TokenizerConfig
 from transformer_mt.data import Ragged, load_split_tsv, prepare_data
 from transformer_mt.data.languages import prefixed, split_file
@@ -181,7 +181,7 @@ def test_a_language_that_cannot_name_a_token_is_refused(lang: str, expected: str
 
 
 def test_serve_takes_the_language_with_each_request(two_targets: Path) -> None:
-    pytest.importorskip("fastapi")
+    require("fastapi")
     from fastapi.testclient import TestClient
 
     from transformer_mt.serve.app import create_app
@@ -204,8 +204,9 @@ def test_serve_takes_the_language_with_each_request(two_targets: Path) -> None:
 def test_a_ctranslate2_export_keeps_the_languages(two_targets: Path, tmp_path: Path) -> None:
     """The export's vocabulary holds the language tokens and its metadata the default target: each
     language's greedy translations are PyTorch's (float32)."""
-    pytest.importorskip("ctranslate2")
-    from transformer_mt.decoding.ct2 import CT2Translator, export_ctranslate2
+    require("ctranslate2")
+    from transformer_mt.decoding.ct2 import CT2Translator
+    from transformer_mt.interop.ct2_export import export_ctranslate2
 
     model_dir = export_ctranslate2(two_targets, tmp_path / "ct2", quantization="float32")
     greedy = DecodingConfig(beam_size=1)

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 import transformer_mt as tmt
-from tests.conftest import ROOT
+from tests.conftest import ROOT, require
 from transformer_mt.config import SCHEMAS
 
 PACKAGE = ROOT / "transformer_mt"
@@ -93,6 +93,35 @@ def test_imports_flow_one_way() -> None:
         placed |= ready
 
 
+def _drawn_layers() -> dict[str, set[str]]:
+    """docs/architecture.md's layer table: each package's layer and the layers it may import."""
+    table = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8").split("## One line per module")[0]
+    layers = {}
+    words = {"every", "layer", "below", "torch", "only", "errors", "py"}  # not layers
+    for name, imports in re.findall(r"^\| \*\*(\w+)/\*\* \|[^|]*\| ([^|]*) \|$", table, re.MULTILINE):
+        layers[name] = set(re.findall(r"[a-z]+", imports)) - words
+    return layers
+
+
+def test_each_layer_imports_only_those_drawn_below_it() -> None:
+    """As docs/architecture.md draws the layers: a module imports its own package's modules, the layers
+    its row names (jobs: every layer below), errors.py and tables.py, and nothing else of the package."""
+    layers = _drawn_layers()
+    order = list(layers)  # from the top down, as the table lists them
+    assert {"jobs", "config", "checkpoints", "data"} <= set(order), order
+    for name, path in _modules().items():
+        parts = name.split(".")
+        if len(parts) < 2 or parts[1] not in layers:
+            continue
+        layer = parts[1]
+        allowed = set(order[order.index(layer) + 1:]) if layer == "jobs" else layers[layer]
+        for imported in _imports(path):
+            target = imported.split(".")[1] if "." in imported else ""
+            if target in ("", layer, "errors", "tables"):
+                continue
+            assert target in allowed, f"{name} imports {imported}: {layer} imports only {sorted(allowed)}"
+
+
 # The entry points, and two modules every layer uses (docs/architecture.md says why)
 TOP_LEVEL = {"__init__.py", "__main__.py", "cli.py", "errors.py", "tables.py"}
 
@@ -156,7 +185,7 @@ def test_the_package_imports_without_torch() -> None:
 def test_no_dead_code() -> None:
     """Everything the package defines is used by the package or its scripts (vulture); what only a
     framework or a user calls is listed, with its reason, in tests/dead_code_whitelist.py."""
-    pytest.importorskip("vulture")
+    require("vulture")
     result = subprocess.run([sys.executable, "-m", "vulture", "transformer_mt", "scripts",
                              "tests/dead_code_whitelist.py", "--min-confidence", "60"],
                             cwd=ROOT, capture_output=True, text=True)

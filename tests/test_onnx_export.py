@@ -1,8 +1,8 @@
 """`export format=onnx` and `format=web` (interop/onnx.py, web.py): the graphs ONNX Runtime runs translate
 as our greedy search does, token for token; their int8 copies translate; the page, in Chromium, translates
 as ONNX Runtime does, in one batched call as one by one, and splits texts into sentences and keeps their
-spans as DocumentTranslator does. Each needs its extra (and npm and Chromium for the page): skipped
-without."""
+spans as DocumentTranslator does; for the post-norm (Marian) and pre-norm (Pegasus) models alike. Each
+needs its extra (and npm and Chromium for the page): skipped without, failed under CI."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import fitted_checkpoint, missing
+from tests.conftest import fitted_checkpoint, missing, require
 from transformer_mt.config import DecodingConfig, DocumentConfig
 from transformer_mt.decoding.translator import Translator
 from transformer_mt.documents.pipeline import DocumentTranslator
@@ -27,16 +27,15 @@ from transformer_mt.documents.spans import find_spans
 from transformer_mt.errors import ExportError
 from transformer_mt.interop.generate import ExportedModel
 
-pytest.importorskip("onnxruntime")
-pytest.importorskip("optimum.exporters.onnx")
+require("onnxruntime")
+require("optimum.exporters.onnx")
 CHROMIUM = Path(os.environ.get("TMT_CHROMIUM", "/usr/bin/chromium"))
 GREEDY = DecodingConfig(beam_size=1)
-# The pre-norm model (Pegasus) runs in the page under Transformers.js's Marian runner: checked with -m slow.
+# The pre-norm model (Pegasus, what the plan trains) runs in the page under Transformers.js's Marian runner.
 ARCHITECTURES = {"marian": {}, "pegasus": {"norm_first": True, "activation": "gelu"}}
 
 
-@pytest.fixture(scope="module", params=[
-    "marian", pytest.param("pegasus", marks=pytest.mark.slow)])
+@pytest.fixture(scope="module", params=["marian", "pegasus"])
 def fitted(request: pytest.FixtureRequest, fit_pairs: tuple[list[str], list[str]],
            tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fitted model (real words out) of each architecture."""
@@ -54,6 +53,14 @@ def web_dir(fitted: Path) -> Path:
     return export_web(fitted, fitted / "page")
 
 
+@pytest.fixture(scope="module")
+def onnx_dir(fitted: Path) -> Path:
+    """format=onnx's directory of the fitted model (no npm needed)."""
+    from transformer_mt.interop.onnx import export_onnx
+
+    return export_onnx(fitted, fitted / "onnx")
+
+
 def ort_greedy(model_dir: Path, sentences: list[str], int8: bool = False) -> list[str]:
     """ONNX Runtime's greedy translations (optimum's ORTModelForSeq2SeqLM), with our length rule."""
     engine = ExportedModel.load(model_dir, runtime="onnx", int8=int8)
@@ -63,9 +70,8 @@ def ort_greedy(model_dir: Path, sentences: list[str], int8: bool = False) -> lis
         engine.close()
 
 
-def test_onnx_runtime_greedy_is_ours_token_for_token(web_dir: Path, fitted: Path,
+def test_onnx_runtime_greedy_is_ours_token_for_token(onnx_dir: Path, fitted: Path,
                                                      fit_pairs: tuple[list[str], list[str]]) -> None:
-    onnx_dir = web_dir / "models" / "model"
     names = {p.name for p in (onnx_dir / "onnx").iterdir()}
     assert names == {"encoder_model.onnx", "decoder_model_merged.onnx", "encoder_model_quantized.onnx",
                      "decoder_model_merged_quantized.onnx"}
@@ -111,7 +117,7 @@ def static_server(web_dir: Path) -> Iterator[str]:
 @contextlib.contextmanager
 def chromium_page(url: str) -> Iterator[tuple[Any, list[str]]]:
     """The page open in headless Chromium, its model loaded, and the list of every URL it requests."""
-    sync_api = pytest.importorskip("playwright.sync_api")
+    sync_api = require("playwright.sync_api")
     if not CHROMIUM.exists():
         missing(f"no {CHROMIUM}; to run this test: apt-get install chromium (Debian)")
     with sync_api.sync_playwright() as p:
@@ -181,3 +187,25 @@ def test_the_page_splits_and_keeps_spans_as_the_document_translator(
     assert [shown["retried"], shown["placed"]] == [docs.tally.retried, docs.tally.placed]
     assert all(s in t for t in shown["translations"][:4] for s in ("45", "anna7@mail.com"))
     assert shown["translations"] == expected
+
+
+@pytest.mark.browser
+def test_the_pages_button_translates_what_is_typed_in_all_caps(
+        web_dir: Path, fitted: Path, static_server: str, fit_pairs: tuple[list[str], list[str]]) -> None:
+    """Through the page as a person uses it: ALL CAPS text of two sentences with a number typed into the
+    box, the button clicked; the box below shows DocumentTranslator's translation (folded as
+    `transformer-mt translate` folds it), and the status line counts the sentences and spans."""
+    plain = [s for s in fit_pairs[0][-150:] if one_sentence(s)][:2]
+    typed = f"{plain[0].upper()} I HAVE 45 CATS."
+    with chromium_page(static_server) as (page, _):
+        page.fill("#source", typed)
+        page.click("#translate")
+        page.wait_for_function("document.getElementById('status').textContent.includes('translated in')",
+                               timeout=60_000)
+        shown = page.eval_on_selector("#target", "e => e.value")
+        status = page.text_content("#status") or ""
+    engine = Translator.from_checkpoint(fitted, device="cpu", amp="off", decoding=GREEDY)
+    docs = DocumentTranslator(engine, DocumentConfig(), src_lang="en")
+    assert shown == docs.translate_nbest([typed], input_case="fold")[0][0].text
+    assert shown == shown.upper() and "45" in shown  # written back in the case it was typed in
+    assert status.startswith("2 sentences translated in") and "1 spans kept as written" in status

@@ -185,6 +185,49 @@ def test_free_space_is_checked_against_the_last_checkpoint_before_each_save(
     assert load_checkpoint(run_dir / "latest.pt")["step"] == 1
 
 
+def test_a_full_disk_at_the_end_of_run_average_keeps_the_run(corpus: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """The epochs are saved when the last checkpoints are averaged: a failed save of the average ends the
+    run normally, best.pt a single checkpoint, with a warning."""
+    from transformer_mt.training import validation
+
+    real = checkpoint.save_checkpoint
+
+    def full_for_the_average(state: dict[str, Any], path: Path) -> None:
+        if path.name == validation.AVERAGED:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real(state, path)
+
+    monkeypatch.setattr(checkpoint, "save_checkpoint", full_for_the_average)
+    monkeypatch.setattr(validation, "improves", lambda *args, **kwargs: True)  # the average is kept
+    run_dir = tmp_path / "run"
+    with caplog.at_level("WARNING"):
+        tmt.train(smoke_overrides(corpus, run_dir, **{"training.epochs": 2, "training.average_last": 2}))
+    assert "the average of the last checkpoints was not saved (No space left on device)" in caplog.text
+    assert (run_dir / RESULT).is_file() and not (run_dir / validation.AVERAGED).exists()
+    assert "averaged" not in load_checkpoint(run_dir / "best.pt")["best"]
+
+
+def test_a_job_output_on_a_full_disk_is_one_line_and_no_file(tiny_run: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk shows at the latest when the file is synced: the output's one-line error, no file."""
+    from transformer_mt.errors import OutputError
+
+    def no_space(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    source = tmp_path / "in.txt"
+    source.write_text("I am cold.\nWhere is the station?\n", encoding="utf-8")
+    for command, args in ((tmt.translate, [f"input={source}"]),
+                          (tmt.score, [f"src={source}", f"tgt={source}"])):
+        out = tmp_path / f"{command.__name__}.out"
+        with pytest.raises(OutputError, match=rf"^cannot write {out} \(No space left on device\)"):
+            command([f"checkpoint={tiny_run}", "device=cpu", f"output={out}", *args])
+        assert not out.exists() and not list(tmp_path.glob("*.tmp"))
+
+
 # -- torn and redone records, half-written files -------------------------------------------------
 def test_a_torn_record_is_skipped_with_a_warning(tiny_run_copy: Path,
                                                  caplog: pytest.LogCaptureFixture) -> None:

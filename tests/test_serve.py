@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import re
 import signal
@@ -20,11 +21,11 @@ import pytest
 import torch
 
 import transformer_mt as tmt
-from tests.conftest import ROOT, missing, run_cli, wait_until
+from tests.conftest import ROOT, missing, require, run_cli, wait_until
 from transformer_mt.config import BatchingConfig, DecodingConfig
 from transformer_mt.decoding.translator import TextTranslator, Translation, Translator
 
-pytest.importorskip("fastapi")
+require("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from transformer_mt.serve.app import create_app  # noqa: E402
@@ -131,9 +132,9 @@ def test_health_metrics_page_and_schema(client: TestClient, engine: Translator, 
 
 
 def test_a_ctranslate2_export_is_served_the_same_way(tiny_run: Path, tmp_path: Path) -> None:
-    pytest.importorskip("ctranslate2")
-    from transformer_mt.decoding.ct2 import export_ctranslate2
+    require("ctranslate2")
     from transformer_mt.decoding.engine import load_engine
+    from transformer_mt.interop.ct2_export import export_ctranslate2
 
     model_dir = export_ctranslate2(tiny_run, tmp_path / "ct2", quantization="float32")
     cfg = serve_config(tiny_run, "engine=ctranslate2", f"model_dir={model_dir}")
@@ -180,6 +181,22 @@ def test_bad_requests_get_one_line_errors_and_the_server_goes_on(client: TestCli
     error = r.json()["error"]
     assert says in error and "\n" not in error and "Traceback" not in error
     assert client.post("/translate", json={"text": ["I am cold."]}).status_code == 200
+
+
+@pytest.mark.parametrize(("body", "status", "says"), [
+    ({"text": [0] * 9000}, 413, "9000 texts in one request; the limit is 8"),
+    ({"text": ["a"], "prefix": [0] * 9000}, 413, "9000 prefixes in one request"),
+    ({"text": "a", **{f"k{i}": 0 for i in range(1500)}}, 422, "k0 (and 1499 more): not a field"),
+    ({"text": [0] * 8, "beam_size": "x"}, 422, "; and 7 more"),
+], ids=["texts", "prefixes", "keys", "errors"])
+def test_a_body_of_many_errors_is_refused_in_a_short_line(client: TestClient, body: dict[str, object],
+                                                          status: int, says: str) -> None:
+    """Within the body limit, a body of thousands of bad items or keys would be as many errors, built on the
+    event loop into a line of megabytes: it is refused before validation, or its errors cut to a few."""
+    r = client.post("/translate", content=json.dumps(body).encode(),
+                    headers={"Content-Type": "application/json"})
+    assert r.status_code == status and says in r.json()["error"], r.text[:300]  # not the body limit's 413
+    assert len(r.content) < 600
 
 
 def test_unknown_routes_and_methods_answer_json(client: TestClient) -> None:
@@ -373,6 +390,44 @@ def test_full_queue_answers_503_with_retry_after_and_slow_requests_time_out(tiny
         assert c.post("/translate", json={"text": ["d"]}).json() == {"translations": ["D"]}
 
 
+class CountingEngine(RecordingEngine):
+    """A RecordingEngine that counts the requests it was asked to check (tokenised)."""
+
+    checked = 0
+
+    def unfit_inputs(self, texts: object, prefixes: object = None, tgt_lang: object = None) -> list:
+        self.checked += 1
+        return []
+
+
+def test_the_queue_weighs_a_request_by_its_cost_and_refuses_before_tokenising(tiny_run: Path) -> None:
+    """A one-character text with a long prefix and the widest beam is not one sentence: it costs a sentence
+    per SENTENCE_CHARS characters begun, times its beam over the server's; a full queue refuses it before
+    it is tokenised."""
+    hold = threading.Event()
+    engine = CountingEngine(hold)
+    cfg = serve_config(tiny_run, "batching.max_queue=8", "limits.max_texts=2", "limits.max_beam_size=16")
+    with TestClient(create_app(engine, cfg)) as c:
+        batcher = c.app.state.batcher
+        beam = engine.decoding.beam_size
+        assert batcher.cost(["I am cold."], None, Search()) == 1
+        assert batcher.cost(["a"], ["x" * 999], Search(beam_size=16)) == math.ceil(16 / beam * 10) > 8
+        assert batcher.cost(["a" * 250, "b"], None, Search(beam_size=1)) == 2  # a cheaper search: never < 1
+        threads = [threading.Thread(target=lambda t=t: c.post("/translate", json={"text": [t]}))
+                   for t in "ab"]
+        for n, thread in enumerate(threads, 1):  # one held by the worker, one waiting
+            thread.start()
+            wait_until(_holding(engine, batcher, n), f"request {n} taken or queued")
+        checked = engine.checked
+        heavy = c.post("/translate", json={"text": ["c"], "beam_size": 16, "prefix": "x" * 999})
+        assert heavy.status_code == 503 and engine.checked == checked  # refused untokenised
+        hold.set()
+        for thread in threads:
+            thread.join()
+        alone = c.post("/translate", json={"text": ["c"], "beam_size": 16, "prefix": "x" * 999})
+        assert alone.status_code == 200  # an empty queue takes any request within the limits
+
+
 # -- the real command ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server(tiny_run: Path) -> Iterator[str]:
@@ -436,7 +491,7 @@ SCREENSHOT_DIR = os.environ.get("TMT_SCREENSHOT_DIR")  # also keep the screensho
 
 @pytest.mark.browser
 def test_page_translates_and_draws_the_heatmap_in_chromium(server: str, tmp_path: Path) -> None:
-    sync_api = pytest.importorskip("playwright.sync_api")
+    sync_api = require("playwright.sync_api")
     if not CHROMIUM.exists():
         missing(f"no {CHROMIUM}; to run this test: apt-get install chromium (Debian)")
     with sync_api.sync_playwright() as p:

@@ -18,14 +18,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from tests.conftest import wait_until
+from tests.conftest import require, wait_until
 from tests.test_search import BOS, EOS, random_model, source_batch
 from transformer_mt.data.tokenizer import EOS_ID
 from transformer_mt.decoding.search import beam_search, max_output_length
 from transformer_mt.decoding.translator import Translator
 from transformer_mt.errors import DataError
 
-pytest.importorskip("fastapi")
+require("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from tests.test_serve import RecordingEngine, serve_config  # noqa: E402
@@ -242,6 +242,16 @@ def test_attention_beyond_the_cap_is_413_before_decoding(tiny_run: Path, tiny_en
         heads_ok = c.post("/translate", json={"text": [text], "attention": True})
     assert refused.status_code == 413 and "limits.max_attention_values" in refused.json()["error"]
     assert heads_ok.status_code == 200
+
+
+def test_an_answer_over_max_response_bytes_is_not_sent(tiny_run: Path, tiny_engine: Translator) -> None:
+    cfg = serve_config(tiny_run, "limits.max_response_bytes=1024")
+    texts = ["I am cold.", "Where is the station?", "He is sleeping.", "Tom is here."]
+    with TestClient(create_app(tiny_engine, cfg)) as c:
+        small = c.post("/translate", json={"text": texts[:1]})
+        large = c.post("/translate", json={"text": texts, "attention": "heads"})
+    assert small.status_code == 200 and len(small.content) < 1024
+    assert large.status_code == 413 and "limits.max_response_bytes=1,024" in large.json()["error"], large.text
 
 
 def test_health_answers_while_a_response_is_built(tiny_run: Path, tiny_engine: Translator,

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 import transformer_mt as tmt
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, require, run_cli
 from transformer_mt.decoding.translator import Translator
 from transformer_mt.errors import ConfigError
 
-pytest.importorskip("fastapi")
+require("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from transformer_mt.serve.app import create_app  # noqa: E402
@@ -122,6 +122,45 @@ def test_a_host_outside_allowed_hosts_is_refused_naming_the_key(tiny_run: Path, 
         assert c.post("/translate", json=body).status_code == 200
 
 
+KEY = "0123456789abcdef-key"
+
+
+def test_with_an_api_key_only_requests_carrying_it_are_answered(tiny_run: Path, engine: Translator,
+                                                                 tmp_path: Path) -> None:
+    keyfile = tmp_path / "key"
+    keyfile.write_text(f"{KEY}\n", encoding="utf-8")
+    body = {"text": ["I am cold."]}
+    cfg = serve_config(tiny_run, "allowed_hosts=[testserver]", f"api_key_file={keyfile}")
+    with TestClient(create_app(engine, cfg)) as c:
+        _error(c.post("/translate", json=body), 401, "API key", "X-API-Key")
+        _error(c.post("/translate", json=body, headers={"X-API-Key": KEY[:-1] + "x"}), 401, "API key")
+        _error(c.post("/translate", json=body, headers={"Authorization": KEY}), 401, "API key")
+        _error(c.get("/metrics"), 401, "API key")
+        assert c.post("/translate", json=body, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+        assert c.post("/translate", json=body, headers={"X-API-Key": KEY}).status_code == 200
+        assert c.get("/health").json()["api_key"] is True and c.get("/").status_code == 200  # the page asks
+
+
+def test_a_server_other_machines_reach_needs_a_key_unless_told_the_network_is_trusted(tiny_run: Path,
+                                                                                      tmp_path: Path) -> None:
+    from transformer_mt.serve.guard import check_exposure, loopback
+
+    with pytest.raises(ConfigError, match="host=0.0.0.0 lets other machines use the server, and no API key"):
+        check_exposure(serve_config(tiny_run, "host=0.0.0.0"))
+    check_exposure(serve_config(tiny_run, "host=0.0.0.0", "open_without_key=true"))
+    check_exposure(serve_config(tiny_run, "host=0.0.0.0", f"api_key={KEY}"))
+    for host in ("127.0.0.1", "localhost"):
+        check_exposure(serve_config(tiny_run, f"host={host}"))
+    assert loopback("::1") and loopback("[::1]")
+    assert not loopback("10.0.0.5") and not loopback("mt.example.org")
+    with pytest.raises(ConfigError, match="fewer than 16 characters"):
+        check_exposure(serve_config(tiny_run, "api_key=short"))
+    with pytest.raises(ConfigError, match=r"api_key_file=.*none: cannot read it"):
+        check_exposure(serve_config(tiny_run, f"api_key_file={tmp_path / 'none'}"))
+    with pytest.raises(ConfigError, match="both set"):
+        check_exposure(serve_config(tiny_run, f"api_key={KEY}", f"api_key_file={tmp_path / 'none'}"))
+
+
 def test_a_browser_must_send_json_while_curl_forms_still_work(client: TestClient) -> None:
     body = b'{"text": ["I am cold."]}'
     form = {"Content-Type": "application/x-www-form-urlencoded"}
@@ -133,13 +172,66 @@ def test_a_browser_must_send_json_while_curl_forms_still_work(client: TestClient
         assert client.post("/translate", content=body, headers=json_type).status_code == 200
     assert client.post("/translate", content=body, headers=form).status_code == 200  # curl -d
     page = resources.files("transformer_mt.serve").joinpath("page.html").read_text(encoding="utf-8")
-    assert re.search(r'fetch\("translate", \{method: "POST", headers: \{"Content-Type": "application/json"\}',
+    assert re.search(r'fetch\("translate", \{method: "POST",\s+headers: \{"Content-Type": "application/json"',
                      page)
 
 
 def test_a_request_head_over_max_header_bytes_is_refused_431(client: TestClient) -> None:
     _error(client.get("/health", headers={"X-Padding": "a" * 100_000}), 431, "limits.max_header_bytes")
     assert client.get("/health").status_code == 200
+
+
+class _Transport:
+    """What uvicorn's protocol asks of a connection's transport; records an abort."""
+
+    def __init__(self) -> None:
+        self.aborted = self.closing = False
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return {"peername": ("127.0.0.1", 5000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def abort(self) -> None:
+        self.aborted = self.closing = True
+
+    def close(self) -> None:
+        self.closing = True
+
+
+def test_a_client_that_takes_none_of_its_answer_is_disconnected_after_send_timeout_s(
+        tiny_run: Path, engine: Translator) -> None:
+    """uvicorn waits for a client that never reads for ever, its connection slot and unsent answer held:
+    the server's protocol aborts the connection once writing has been paused for limits.send_timeout_s,
+    and leaves one that takes its answer meanwhile alone."""
+    import asyncio
+
+    import uvicorn
+    from uvicorn.server import ServerState
+
+    from transformer_mt.jobs.serve import http_config
+
+    cfg = serve_config(tiny_run, "limits.send_timeout_s=0.05")
+    config = http_config(uvicorn, create_app(engine, cfg), cfg)
+    config.load()
+    loop = asyncio.new_event_loop()
+    try:
+        for reads in (False, True):
+            state = ServerState()
+            protocol = config.http_protocol_class(config=config, server_state=state, app_state={}, _loop=loop)
+            transport = _Transport()
+            protocol.connection_made(transport)
+            protocol.pause_writing()  # more of the answer waits than the socket takes
+            if reads:
+                loop.run_until_complete(asyncio.sleep(0.02))
+                protocol.resume_writing()
+            loop.run_until_complete(asyncio.sleep(0.2))
+            assert transport.aborted != reads
+            protocol.connection_lost(None)
+            assert not state.connections
+    finally:
+        loop.close()
 
 
 # -- the real command -----------------------------------------------------------------------------------
@@ -209,7 +301,9 @@ def test_a_large_head_and_surplus_connections_are_refused(server: Served) -> Non
     try:
         with _connect(port) as one_more:
             one_more.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-            assert _answer(one_more).startswith(b"HTTP/1.1 503 ")
+            refused = _answer(one_more)
+            assert refused.startswith(b"HTTP/1.1 503 ") and b"retry-after: 1" in refused.lower()
+            assert b'{"error": "the server has as many connections open as limits.max_connections' in refused
     finally:
         for sock in idle:
             sock.close()
@@ -217,21 +311,55 @@ def test_a_large_head_and_surplus_connections_are_refused(server: Served) -> Non
 
 def test_sigterm_stops_the_server_cleanly(server: Served) -> None:
     proc, port = server
+    texts = [f"I am cold {i} times." for i in range(64)]  # in flight for a while: 64 texts, beam 16
     request = urllib.request.Request(f"http://127.0.0.1:{port}/translate",
-                                     data=json.dumps({"text": ["I am cold."] * 8, "beam_size": 4}).encode())
-    answers: list[int] = []
-    client = threading.Thread(target=lambda: answers.append(urllib.request.urlopen(request, timeout=30).code))
+                                     data=json.dumps({"text": texts, "beam_size": 16}).encode())
+    answers: list[dict] = []
+
+    def ask() -> None:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            answers.append({"status": answer.status, **json.loads(answer.read())})
+
+    client = threading.Thread(target=ask)
     with _connect(port) as idle, _connect(port) as partial:  # a keep-alive client; one amid its body
         idle.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         assert idle.recv(65536).startswith(b"HTTP/1.1 200 ")
         partial.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{")
         client.start()
-        time.sleep(0.2)
+        time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     client.join(30)
     assert proc.returncode == 0, err
     assert "server stopped" in out and "Traceback" not in err and "Error" not in err, err
+    assert len(answers) == 1 and answers[0]["status"] == 200, answers  # the request in flight is answered
+    assert len(answers[0]["translations"]) == len(texts)
+
+
+def test_sigterm_while_the_model_loads_stops_quietly(tiny_run: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A stop before the server serves (a deployment cancelled while the model loads) ends the job with
+    a line, as a stop of the running server does: no signal death, no traceback, the port given back."""
+    from transformer_mt.jobs import serve as job
+
+    loading = threading.Event()
+
+    def slow_load(cfg: object) -> None:
+        loading.set()
+        time.sleep(30)
+        raise AssertionError("the stop did not arrive")
+
+    def stop() -> None:
+        loading.wait(30)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(job, "load_engine", slow_load)
+    threading.Thread(target=stop, daemon=True).start()
+    cfg = serve_config(tiny_run, "port=0")
+    before = signal.getsignal(signal.SIGTERM)
+    job.serve(cfg)
+    assert "server stopped before it served" in capsys.readouterr().out
+    assert signal.getsignal(signal.SIGTERM) is before  # the process's own handling given back
 
 
 def test_a_busy_port_is_one_line_before_the_model_loads(tiny_run: Path) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import smoke_overrides
+from tests.conftest import require, smoke_overrides
 from transformer_mt.cli import main
 from transformer_mt.config import ConfigError
 from transformer_mt.jobs.composition import compose_hydra, explain_composition_error, precheck
@@ -112,7 +112,7 @@ def test_multirun_compares_its_jobs(tmp_path: Path, corpus: Path, run_cli_here: 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning:optuna.*")  # its SQLAlchemy 1.x idioms
 def test_optuna_sweep_maximises_bleu_in_three_trials(tmp_path: Path, corpus: Path,
                                                      run_cli_here: Callable[..., Any]) -> None:
-    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    require("hydra_plugins.hydra_optuna_sweeper")
     result = run_cli_here("train", "-m", "sweep=optuna", "hydra.sweeper.n_trials=3",
                           *_sweep_overrides(corpus, tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -132,7 +132,7 @@ def _compose(*overrides: str):  # noqa: ANN202 - a DictConfig
 
 
 def test_slurm_launcher_composes() -> None:
-    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    require("hydra_plugins.hydra_submitit_launcher")
     launcher = _compose("hydra/launcher=slurm", "hydra.launcher.partition=gpu").hydra.launcher
     assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
     assert (launcher.partition, launcher.gpus_per_node, launcher.tasks_per_node) == ("gpu", 1, 1)
@@ -142,8 +142,8 @@ def test_slurm_launcher_composes() -> None:
 
 
 def test_optuna_and_joblib_configs_compose() -> None:
-    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
-    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    require("hydra_plugins.hydra_optuna_sweeper")
+    require("hydra_plugins.hydra_joblib_launcher")
     cfg = _compose("sweep=optuna", "hydra/launcher=parallel")
     assert cfg.hydra.sweeper._target_.endswith("OptunaSweeper") and cfg.hydra.sweeper.direction == "maximize"
     assert cfg.hydra.sweeper.params["training.lr"] == "tag(log, interval(1e-4, 3e-3))"
@@ -161,8 +161,8 @@ def test_optuna_and_joblib_configs_compose() -> None:
 def test_precheck_accepts_sweepers_and_launchers(overrides: list[str], plugin: str, jobs: int) -> None:
     """Each job is checked with the plugin in place; a search sweeper's first two trials, since it numbers
     them (and two trials must not share a directory)."""
-    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
-    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    require("hydra_plugins.hydra_optuna_sweeper")
+    require("hydra_plugins.hydra_submitit_launcher")
     checked = precheck("train", ["-m", *overrides])
     assert len(checked) == jobs and all(c.training.lr == 1e-3 for c in checked)  # the run's own settings
     group, name = plugin.split(".")

@@ -159,3 +159,14 @@ def _empty() -> dict[str, Any]:
     """A job with nothing to do but the rules."""
     return {"rules": page_rules(), "texts": [], "classes": {}, "everything": "", "mask": [], "unmask": [],
             "split": [], "translate": []}
+
+
+def test_the_pages_title_is_text_whatever_the_checkpoint_calls_its_languages() -> None:
+    """The title comes from the checkpoint's src_lang and tgt_lang: markup there is shown, not run, and a
+    title naming the settings' placeholder does not receive them."""
+    from transformer_mt.interop.web import page
+
+    hostile = '<script>alert(1)</script> {settings} "'
+    text = page(hostile, {"languages": {"src_lang": "en"}})
+    assert "<script>alert(1)" not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    assert text.count('"src_lang": "en"') == 1 and "{settings}" in text  # the title's, shown as typed

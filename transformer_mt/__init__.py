@@ -48,7 +48,7 @@ def _typed(command: str, config: Any) -> Any:
 def train(config: Any = ()) -> float:
     """`transformer-mt train`: overrides or a TrainConfig in, the best validation metric out; with
     `resume=<run>` among the overrides, the run's own overrides are replayed first, as on the command line."""
-    from transformer_mt.config.overrides import with_resumed_overrides
+    from transformer_mt.jobs.replayed import with_resumed_overrides
     from transformer_mt.jobs.train import train as job
 
     if isinstance(config, (list, tuple)):

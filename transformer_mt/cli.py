@@ -19,16 +19,12 @@ import hydra
 from omegaconf import DictConfig
 
 from transformer_mt.config import CONFIG_DIR, SCHEMAS, validate
-from transformer_mt.config.overrides import (
-    MULTIRUN_FLAGS,
-    ensemble_checkpoints,
-    split_flags,
-    with_resumed_overrides,
-)
+from transformer_mt.config.overrides import MULTIRUN_FLAGS, ensemble_checkpoints, split_flags
 from transformer_mt.config.resolvers import register
 from transformer_mt.config.typed import to_dataclass
 from transformer_mt.errors import UserError
 from transformer_mt.jobs.composition import precheck
+from transformer_mt.jobs.replayed import with_resumed_overrides
 
 COMMANDS = {
     "train": "train a model (checkpoints, TensorBoard logs and validation every epoch)",

@@ -27,5 +27,9 @@ class TrainingError(UserError, RuntimeError):
     """Training cannot go on (diverged, out of memory); the message says what to change."""
 
 
+class OutputError(UserError, RuntimeError):
+    """An output file that cannot be written (a full disk, no permission); the message names it."""
+
+
 class ExportError(ConfigError):
     """A model that a format cannot represent, or a model directory that cannot be loaded (one line)."""

@@ -3,8 +3,9 @@
 A checkpoint is a file from anywhere, so nothing in it is used before it is checked: the bytes must be
 the zip archive torch.save writes (else the file is corrupt), its pickle may hold tensors and plain
 data only (else it is refused, never run); each field the loader reads has its type and range (the
-rules of `rules.py`, upper bounds included: checkpoint_header.py holds them, torch-free, for the command
-line's check before torch is imported); the tokenizer must parse; and every weight must have the
+rules of `rules.py`, upper bounds included: header.py holds them, torch-free, for the command line's
+check before torch is imported); the tokenizer must be one transformer-mt builds (tokenizer_rules.py);
+and every weight must have the
 shape its model_config implies, compared on a model built on the meta device (no memory), so that a
 small file claiming a huge model is refused before a single parameter is allocated. Each problem is one
 CheckpointError naming the file and the field.
@@ -13,112 +14,61 @@ CheckpointError naming the file and the field.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import pickle
-import re
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from transformer_mt.checkpoints.header import (
-    claims_more,
+from transformer_mt.checkpoints.fields import (
+    REFUSED_PICKLE,
+    TensorFacts,
+    check_weight_map,
     corrupt,
     counter,
     entry,
     fits,
     model_config,
+    reason,
     refused,
     size_mismatch,
     wrong,
 )
+from transformer_mt.checkpoints.header import check_archive
 from transformer_mt.checkpoints.parameter_count import parameter_count
+from transformer_mt.checkpoints.tokenizer_rules import vocabulary
 from transformer_mt.config import ModelConfig
-from transformer_mt.config.checks import CHOICES, SPECIAL_TOKENS
 from transformer_mt.data.tokenizer import PAD_ID, Vocabulary
 from transformer_mt.errors import CheckpointError
 from transformer_mt.model import Transformer
 
-# The pickle of a file that carries code names a global (a function or class) that weights_only
-# refuses; any other unpickling failure is damaged bytes.
-_REFUSED = re.compile(r"GLOBAL|unrecognized function|new object|Can only build")
-
-
 
 def read_file(path: Path, map_location: str | torch.device, mmap: bool) -> Any:
     """torch.load with weights_only: corrupt bytes and refused payloads each get their own message."""
-    if not zipfile.is_zipfile(path):  # what torch.save has written since PyTorch 1.6
-        raise corrupt(path, "not the zip archive torch.save writes")
+    check_archive(path)
     try:
         return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as ex:
-        if _REFUSED.search(str(ex)):
-            raise refused(path, _reason(ex)) from ex
-        raise corrupt(path, _reason(ex)) from ex
+        if REFUSED_PICKLE.search(str(ex)):
+            raise refused(path, reason(ex)) from ex
+        raise corrupt(path, reason(ex)) from ex
     except Exception as ex:  # damaged bytes surface as any of a dozen exception types
-        raise corrupt(path, _reason(ex)) from ex
-
-
-def _reason(ex: BaseException) -> str:
-    """The line of an exception's message that says what went wrong (torch wraps it in advice)."""
-    lines = [line.strip() for line in str(ex).splitlines() if line.strip()]
-    named = [line for line in lines if _REFUSED.search(line) or line.startswith("Unsupported")]
-    return (named or lines or [type(ex).__name__])[0][:200]
+        raise corrupt(path, reason(ex)) from ex
 
 
 def check_tensors(path: Path, field: str, weights: Any) -> None:
-    """A mapping of names to dense floating-point tensors whose storage holds all their elements."""
-    if not isinstance(weights, dict) or not weights:
-        raise wrong(path, field, weights if not weights else type(weights).__name__,
-                    "a mapping of parameter names to tensors")
-    for name, tensor in weights.items():
-        where = f"{field}[{name!r}]"
-        if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
-            raise wrong(path, where, type(tensor).__name__, "a tensor")
-        if not tensor.is_floating_point():
-            raise wrong(path, f"{where}.dtype", tensor.dtype, "a floating-point type")
-        if tensor.numel() * tensor.element_size() > tensor.untyped_storage().nbytes():
-            raise claims_more(path, where, tuple(tensor.shape), tensor.untyped_storage().nbytes())
+    """The weights rule (fields.py) on the tensors torch built: dense floating-point ones whose storage
+    holds all their elements."""
+    check_weight_map(path, field, weights, _facts)
 
 
-def vocabulary(path: Path, state: dict[str, Any]) -> Vocabulary:
-    """The checkpoint's tokenizers, checked: our JSON layout, no padding or truncation, the special
-    tokens at their ids."""
-    saved = entry(path, state, "tokenizer", dict)
-    kind = entry(path, saved, "kind", str, "tokenizer.")
-    if kind not in CHOICES["tokenizer.kind"]:
-        raise wrong(path, "tokenizer.kind", kind, f"one of {', '.join(CHOICES['tokenizer.kind'])}")
-    if entry(path, saved, "joint", str, "tokenizer.") not in ("true", "false"):
-        raise wrong(path, "tokenizer.joint", saved["joint"], "'true' or 'false'")
-    for side in ("src",) if saved["joint"] == "true" else ("src", "tgt"):
-        _check_tokenizer_json(path, f"tokenizer.{side}", entry(path, saved, side, str, "tokenizer."))
-    try:
-        return Vocabulary.from_json(saved)
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as ex:  # tokenizers panics (pyo3's PanicException, not an Exception) on some input
-        raise CheckpointError(f"checkpoint {path}: its tokenizer cannot be read ({_reason(ex)})") from ex
-
-
-def _check_tokenizer_json(path: Path, field: str, text: str) -> None:
-    try:
-        spec = json.loads(text)
-    except ValueError as ex:
-        raise wrong(path, field, text, f"a tokenizer's JSON ({_reason(ex)})") from ex
-    if not isinstance(spec, dict):
-        raise wrong(path, field, text, "a tokenizer's JSON object")
-    for key in ("padding", "truncation"):  # ours never pad or truncate: a padded input can be any length
-        if spec.get(key) is not None:
-            raise wrong(path, f"{field}.{key}", spec[key], "null (transformer-mt tokenizers never set it)")
-    added = spec.get("added_tokens")
-    added = added if isinstance(added, list) else []
-    ids = {t.get("content"): t.get("id") for t in added if isinstance(t, dict)}
-    for want, token in enumerate(SPECIAL_TOKENS):
-        if ids.get(token) != want:
-            raise wrong(path, f"{field}'s id of {token}", ids.get(token), str(want))
+def _facts(tensor: Any) -> TensorFacts | None:
+    if not isinstance(tensor, torch.Tensor):
+        return None
+    return TensorFacts(tensor.dtype, tensor.is_floating_point(), tuple(tensor.shape),
+                       tensor.numel() * tensor.element_size(), tensor.untyped_storage().nbytes())
 
 
 def check_weights(path: Path, config: ModelConfig, sizes: tuple[int, int], weights: dict[str, Any],
@@ -162,7 +112,7 @@ def _meta_weights(path: Path, config: ModelConfig, sizes: tuple[int, int]) -> di
             weights = Transformer(built, sizes[0], sizes[1], PAD_ID).state_dict()
     except ValueError as ex:  # the rules that need the vocabulary sizes (tied embeddings, pad id)
         raise CheckpointError(f"checkpoint {path}: its model_config cannot build a model "
-                              f"({_reason(ex)})") from ex
+                              f"({reason(ex)})") from ex
     if config.positional == "learned":
         return weights
     return {name: t for name, t in weights.items() if not name.endswith("positional.embedding.weight")}

@@ -1,180 +1,42 @@
 """What a checkpoint claims, checked without PyTorch: its archive, its pickle read as inert data, its header.
 
 Importing torch alone takes some 280 MiB, so a crafted checkpoint that claims a huge model must be refused
-before torch is imported, for the refusal to be cheap. The command line reads each checkpoint it is
-given here first (`composition`, `overrides`; which file a run directory means: checkpoint_paths.py):
-the zip archive torch.save writes, its pickle read by an unpickler that builds inert stand-ins for
-tensors and storages and refuses every other global, so that nothing in the file runs. The header then
-must hold the entries the loader reads, of their types and bounds (the field rules below, which
-`checkpoint_check` applies after torch's own load too), every storage as many bytes as its tensors
-claim, and no fewer parameters than model_config implies (parameter_count.py). This module imports neither
-torch nor a module that does (tests/test_checkpoint_header.py).
+before torch is imported, for the refusal to be cheap; every load reads the file here first (store.py),
+the command line before it imports torch (named.py). The zip archive torch.save writes is read from its
+first byte, its pickle by an unpickler that builds inert stand-ins for tensors and storages and refuses
+every other global, so that nothing in the file runs. The header then must hold the entries the loader
+reads, of their types and bounds (fields.py's rules, which check.py applies after torch's own load too),
+every storage as many bytes as its tensors claim, and no fewer parameters than model_config implies
+(parameter_count.py). This module imports neither torch nor a module that does.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 import pickle
-import typing
 import zipfile
 from collections import OrderedDict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from transformer_mt.checkpoints.fields import (
+    WEIGHTS,
+    TensorFacts,
+    check_entries,
+    check_weight_map,
+    corrupt,
+    existing,
+    model_config,
+    refused,
+    size_mismatch,
+)
 from transformer_mt.checkpoints.parameter_count import parameter_count
-from transformer_mt.checkpoints.paths import resolve_checkpoint
 from transformer_mt.config import ModelConfig
-from transformer_mt.config.checks import RANGES, SPECIAL_TOKENS
 from transformer_mt.errors import CheckpointError
 
-FORMAT_VERSION = 1
-TRAINED = "trained_model"  # with EMA on, `model` is the average and this the trained weights (ema.py)
-REQUIRED = ("format_version", "model_config", "model", "tokenizer", "config")
-WEIGHTS = ("model", TRAINED)  # the entries that hold a model's weights
-PAD_ID = SPECIAL_TOKENS.index("<pad>")
-_TYPES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a mapping",
-          list: "a list"}
-_SIZES = ("src_vocab_size", "tgt_vocab_size")
-
-
-# -- the messages ---------------------------------------------------------------------------------
-def for_parent(init: str, ex: CheckpointError) -> CheckpointError:
-    """A problem of the checkpoint `init=` names, as the fine-tuning run reports it."""
-    return CheckpointError(f"init={init}: {ex}")
-
-
-def existing(path: str | Path) -> Path:
-    """The path of a checkpoint file, which must exist."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    return path
-
-
-def corrupt(path: Path, why: str) -> CheckpointError:
-    """The one-line error for damaged bytes."""
-    return CheckpointError(f"checkpoint {path} is corrupt or truncated ({why}); "
-                           "use an earlier checkpoint of the run")
-
-
-def refused(path: Path, why: str) -> CheckpointError:
-    """The one-line error for a pickle that names code."""
-    return CheckpointError(f"checkpoint {path} was refused: it holds objects other than tensors and plain "
-                           f"data, which could run code when loaded ({why})")
-
-
-def claims_more(path: Path, where: str, shape: tuple[int, ...], nbytes: int) -> CheckpointError:
-    """The one-line error for a tensor claiming more elements than its storage holds."""
-    return CheckpointError(f"checkpoint {path}: {where} claims shape {shape} over {nbytes} bytes; "
-                           "the file is damaged")
-
-
-def size_mismatch(path: Path, claimed: int, held: int, detail: str) -> CheckpointError:
-    """The one-line error for weights that do not make the model model_config describes."""
-    return CheckpointError(f"checkpoint {path}: model_config describes a model of {claimed:,} parameters, "
-                           f"its weights hold {held:,} ({detail}); the file is damaged or assembled from "
-                           "different runs")
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def wrong(path: Path, field: str, value: Any, expected: str) -> CheckpointError:
-    """The one-line error for a field of the wrong type or value."""
-    return CheckpointError(f"checkpoint {path}: {field} is {_shown(value)}, expected {expected}")
-
-
-# -- the field rules (also applied by checkpoint_check after torch's load) ---------------------------
-def fits(value: Any, kind: Any) -> bool:
-    """value is of kind; an int counts as a float, a bool as nothing but a bool."""
-    if kind is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
-
-
-def entry(path: Path, state: dict[str, Any], field: str, kind: Any, within: str = "") -> Any:
-    """state[field], which must exist and be of `kind` (int, float, str, bool, dict or list); `within`
-    names the mapping in messages (`config.dataset.`)."""
-    if field not in state:
-        raise CheckpointError(f"checkpoint {path} has no {within}{field}; it was not written by this "
-                              "version of transformer-mt's training")
-    value = state[field]
-    if not fits(value, kind):
-        raise wrong(path, within + field, value, _TYPES[kind])
-    return value
-
-
-def counter(path: Path, state: dict[str, Any], field: str, low: int = 0, within: str = "") -> int:
-    """A count such as step or epoch: an integer >= low."""
-    value = entry(path, state, field, int, within)
-    if value < low:
-        raise wrong(path, within + field, value, f"an integer >= {low}")
-    return value
-
-
-def check_entries(path: Path, state: Any, check_weights: Callable[[Path, str, Any], None]) -> None:
-    """A mapping with the required entries, a format this version reads, step and epoch counts, a run
-    config, and each weights entry passed to `check_weights` (path, field, weights)."""
-    if not isinstance(state, dict) or any(key not in state for key in REQUIRED):
-        raise CheckpointError(f"{path} is not a transformer-mt checkpoint "
-                              "(missing model, config or tokenizer)")
-    version = entry(path, state, "format_version", int)
-    if version > FORMAT_VERSION:
-        raise CheckpointError(f"{path} was written by a newer transformer-mt; upgrade to load it")
-    if version < 1:
-        raise wrong(path, "format_version", version, f"an integer from 1 to {FORMAT_VERSION}")
-    for field in WEIGHTS:
-        if field in state:
-            check_weights(path, field, state[field])
-    for field in ("step", "epoch"):
-        if field in state and state[field] is not None:
-            counter(path, state, field)
-    entry(path, state, "config", dict)  # the run's config: shown by translate and serve as it is
-
-
-def typed_section(path: Path, field: str, values: Any, schema: type, known_only: bool) -> dict[str, Any]:
-    """A saved config section whose values have the schema's types (unknown keys: an error when
-    known_only, else left alone); returns the section's values of the schema's keys."""
-    if not isinstance(values, dict):
-        raise wrong(path, field, values, "a mapping of settings")
-    hints = typing.get_type_hints(schema)
-    fields = {f.name for f in dataclasses.fields(schema)}
-    unknown = sorted(str(k) for k in values if k not in fields)
-    if known_only and unknown:
-        raise CheckpointError(f"checkpoint {path}: {field}.{unknown[0]} is not a setting of this version's "
-                              f"{schema.__name__}; the checkpoint is from another version or damaged")
-    for key in sorted(fields & set(values)):
-        kind = hints[key]
-        if not fits(values[key], kind):
-            raise wrong(path, f"{field}.{key}", values[key], _TYPES[kind])
-        if kind is float and not math.isfinite(values[key]):
-            raise wrong(path, f"{field}.{key}", values[key], "a finite number")
-    return {key: values[key] for key in fields & set(values)}
-
-
-def model_config(path: Path, state: dict[str, Any]) -> tuple[ModelConfig, int, int]:
-    """The checkpoint's model_config checked: (the config, source and target vocabulary sizes)."""
-    spec = dict(entry(path, state, "model_config", dict))
-    sizes = []
-    for key in _SIZES:
-        size = counter(path, spec, key, within="model_config.")
-        allowed, bound = RANGES["tokenizer.vocab_size"]
-        if not (allowed(size) and size > len(SPECIAL_TOKENS)):
-            raise wrong(path, f"model_config.{key}", size,
-                        f"a vocabulary size > {len(SPECIAL_TOKENS)} and {bound}")
-        sizes.append(spec.pop(key))
-    if entry(path, spec, "pad_id", int, "model_config.") != PAD_ID:
-        raise wrong(path, "model_config.pad_id", spec["pad_id"], f"{PAD_ID} (the id of <pad>)")
-    del spec["pad_id"]
-    config = ModelConfig(**typed_section(path, "model_config", spec, ModelConfig, known_only=True))
-    problems = config.problems()
-    if problems:
-        raise CheckpointError(f"checkpoint {path}: its model_config breaks the model's rules: "
-                              f"{'; '.join(problems)}")
-    return config, sizes[0], sizes[1]
+# torch.load reads a file that does not start as a zip archive as a legacy pickle, zipfile finds one by
+# its end: a legacy pickle with a zip appended would pass the one and be loaded by the other.
+ZIP_SIGNATURE = b"PK\x03\x04"
 
 
 # -- the header, read without running anything -------------------------------------------------------
@@ -294,10 +156,18 @@ class _HeaderUnpickler(pickle.Unpickler):
         return self.storages[-1]
 
 
+def check_archive(path: Path) -> None:
+    """The file is a zip archive from its first byte (what torch.save has written since PyTorch 1.6), so
+    that torch.load reads it as the archive checked here; CheckpointError in one line if not."""
+    with open(path, "rb") as file:
+        head = file.read(len(ZIP_SIGNATURE))
+    if head != ZIP_SIGNATURE or not zipfile.is_zipfile(path):
+        raise corrupt(path, "not the zip archive torch.save writes")
+
+
 def _unpickled(path: Path) -> tuple[Any, list[StorageHeader], dict[str, int]]:
     """(data.pkl's object, the storages it refers to, the size in bytes of each storage's entry)."""
-    if not zipfile.is_zipfile(path):  # what torch.save has written since PyTorch 1.6
-        raise corrupt(path, "not the zip archive torch.save writes")
+    check_archive(path)
     try:
         with zipfile.ZipFile(path) as archive:
             pickled = [i for i in archive.infolist() if i.filename.endswith("/data.pkl")]
@@ -330,19 +200,16 @@ def _check_storages(path: Path, storages: list[StorageHeader], sizes: dict[str, 
 
 
 def check_tensor_headers(path: Path, field: str, weights: Any) -> None:
-    """A mapping of names to floating-point tensors, each within its storage (as
-    checkpoint_check.check_tensors checks built ones)."""
-    if not isinstance(weights, dict) or not weights:
-        raise wrong(path, field, weights if not weights else type(weights).__name__,
-                    "a mapping of parameter names to tensors")
-    for name, tensor in weights.items():
-        where = f"{field}[{name!r}]"
-        if not isinstance(name, str) or not isinstance(tensor, TensorHeader):
-            raise wrong(path, where, _Name(type(tensor).__name__), "a tensor")
-        if tensor.storage.dtype not in _FLOATING:
-            raise wrong(path, f"{where}.dtype", tensor.storage.dtype, "a floating-point type")
-        if tensor.needs() > tensor.storage.numel:
-            raise claims_more(path, where, tensor.shape, tensor.storage.numel * tensor.storage.element_size)
+    """The weights rule (fields.py) on the header's stand-ins for tensors."""
+    check_weight_map(path, field, weights, _facts)
+
+
+def _facts(tensor: Any) -> TensorFacts | None:
+    if not isinstance(tensor, TensorHeader):
+        return None
+    s = tensor.storage
+    return TensorFacts(s.dtype, s.dtype in _FLOATING, tensor.shape, tensor.needs() * s.element_size,
+                       s.numel * s.element_size)
 
 
 def check_size(path: Path, state: dict[str, Any], config: ModelConfig, sizes: tuple[int, int]) -> None:
@@ -364,29 +231,17 @@ def check_size(path: Path, state: dict[str, Any], config: ModelConfig, sizes: tu
                     f"the {held:,} weights the file holds; the file is damaged or crafted")
 
 
-def read_header(path: str | Path) -> dict[str, Any]:
+def read_header(path: str | Path, claims: bool = True) -> dict[str, Any]:
     """The checkpoint's contents with stand-ins for tensors (TensorHeader), read without torch and
-    checked: the archive, the pickle (no code), the entries and model_config, the storages' sizes and
-    the parameters model_config claims. CheckpointError in one line if any is wrong."""
+    checked: the archive, the pickle (no code), the entries, the storages' sizes and, with `claims`, the
+    model_config and the parameters it claims (a loader that checks the weights' shapes against the
+    model_config after torch's load, check.py, names a mismatch more precisely). CheckpointError in one
+    line if any is wrong."""
     path = existing(path)
     state, storages, sizes = _unpickled(path)
     _check_storages(path, storages, sizes)
     check_entries(path, state, check_tensor_headers)
-    config, src_size, tgt_size = model_config(path, state)
-    check_size(path, state, config, (src_size, tgt_size))
+    if claims:
+        config, src_size, tgt_size = model_config(path, state)
+        check_size(path, state, config, (src_size, tgt_size))
     return state
-
-
-def check_checkpoints(value: str, ensemble: bool) -> None:
-    """`checkpoint=<file or run directory>` (comma-separated for an ensemble): each one's header."""
-    for part in value.split(",") if ensemble else [value]:
-        if part.strip():
-            read_header(resolve_checkpoint(part))
-
-
-def check_parent(init: str) -> None:
-    """`init=<file or run directory>`: the parent's header, its problems named as init='s."""
-    try:
-        read_header(resolve_checkpoint(init))
-    except CheckpointError as ex:
-        raise for_parent(init, ex) from ex

@@ -60,3 +60,8 @@ def first_loadable(path: str | Path, load: Callable[[Path], T], warn: bool = Tru
             if warn:
                 log.warning("%s; trying the previous checkpoint", ex)
     raise CheckpointError(f"no loadable checkpoint in {path}: {problems[0]}")
+
+
+def is_hf_dir(path: str | Path) -> bool:
+    """Whether `path` is a directory with a Hugging Face config.json (rather than a run directory)."""
+    return (Path(path) / "config.json").is_file() and not (Path(path) / "latest.pt").exists()

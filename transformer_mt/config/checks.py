@@ -34,6 +34,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "format": ("ct2", "hf", "onnx", "web"),
     "input_format": ("text", "tsv"),
     "document.format": ("auto", "text", "markdown", "html", "srt"),
+    "document.names": ("auto", "copy", "model"),
     "output_format": ("tsv", "json"),
     "quantization": ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
                      "bfloat16", "float32"),
@@ -127,6 +128,8 @@ RANGES: dict[str, Rule] = {
     "limits.max_header_bytes": at_least(1024),
     "limits.max_connections": at_least(1),
     "limits.idle_timeout_s": POSITIVE,
+    "limits.send_timeout_s": POSITIVE,
+    "limits.max_response_bytes": at_least(1024),
     "limits.max_attention_values": at_least(1),
 }
 

@@ -115,7 +115,7 @@ class BatchingConfig(Section):
     enabled: bool = True  # false: each request is decoded on its own (for comparison)
     window_ms: float = 5.0  # after the first waiting request, how long the worker gathers more
     max_sentences: int = 64  # sentences per decoding batch
-    max_queue: int = 1024  # sentences waiting at most; a request beyond it gets 503 + Retry-After
+    max_queue: int = 1024  # sentences waiting at most, by cost (serve/batcher.py); beyond, 503 + Retry-After
 
 
 @dataclass
@@ -131,7 +131,9 @@ class LimitsConfig(Section):
     max_header_bytes: int = 16_384  # request line and headers; beyond it, 431
     max_connections: int = 512  # open connections and requests at once; beyond it, 503
     idle_timeout_s: float = 5.0  # a connection without a whole request head for this long is closed
+    send_timeout_s: float = 30.0  # a client that takes none of its answer for this long is disconnected
     max_attention_values: int = 1_000_000  # attention values per response, bounded before decoding (413)
+    max_response_bytes: int = 16 * 2**20  # an answer's JSON; a larger one is not sent (413)
 
 
 @dataclass
@@ -142,6 +144,11 @@ class ServeConfig(EngineConfig):
     port: int = 8000
     # Host headers answered (DNS rebinding guard): loopback names, plus host= itself; ["*"]: any
     allowed_hosts: list[str] = field(default_factory=lambda: ["127.0.0.1", "localhost", "[::1]"])
+    # The key every request but the page and /health must carry (`Authorization: Bearer <key>` or
+    # `X-API-Key: <key>`): api_key_file holds it (off the command line, out of `ps`), or api_key itself
+    api_key: str | None = None
+    api_key_file: str | None = None
+    open_without_key: bool = False  # host= beyond loopback without an API key: refused unless true
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
 

@@ -1,6 +1,7 @@
 """The command line's arguments before anything is composed: Hydra's flags told apart from key=value
-overrides, a sweep's values listed one by one, old key names, a resumed run's own overrides replayed,
-a fine-tuned run's parent model put first, and `checkpoint=a.pt,b.pt` kept as one value (an ensemble).
+overrides, a sweep's values listed one by one, old key names, and `checkpoint=a.pt,b.pt` kept as one
+value (an ensemble). What a resumed or fine-tuned run reads first is jobs/replayed.py's: this layer reads
+no checkpoint.
 """
 
 from __future__ import annotations
@@ -13,15 +14,10 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep
 
-from transformer_mt.checkpoints.header import check_parent, read_header
-from transformer_mt.checkpoints.paths import first_loadable
 from transformer_mt.config import ConfigError
 from transformer_mt.config.typed import RENAMED, unknown_key_message
 
 log = logging.getLogger(__name__)
-# Keys `train` used to accept and ignore; a resumed run's saved overrides drop them.
-IGNORED_BY_TRAIN = ("decoding.n_best", "decoding.sampling", "decoding.temperature", "decoding.top_k",
-                    "decoding.top_p")
 # Hydra flags that take a value in the next argument; flags after which nothing runs.
 FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
                     "--config-dir", "-cd", "--experimental-rerun"}
@@ -69,39 +65,7 @@ def ensemble_checkpoints(command: str, overrides: Sequence[str]) -> list[str]:
     return out
 
 
-def with_resumed_overrides(overrides: Sequence[str]) -> list[str]:
-    """`resume=<run>` replays the run's own overrides first, so the same config is composed again;
-    overrides given now come after them and win (e.g. more `training.epochs`). Only the overrides are
-    read here (`checkpoint.saved_overrides`); training reads the checkpoint itself. A fine-tuning run
-    resumed is a resumed run: its `init=` is not replayed (its checkpoint names the parent).
-    Without resume=, `init=<parent>` puts the parent's model and tokenizer first (finetune.py)."""
-    resume = [o.split("=", 1)[1] for o in overrides if o.startswith("resume=")]
-    if not resume or not resume[-1]:
-        return _with_parent(overrides)
-    # its header first, without torch: a crafted checkpoint is refused before torch takes its memory
-    first_loadable(resume[-1], read_header, warn=False)
-    from transformer_mt.checkpoints.store import saved_overrides
-
-    dropped = ("resume=", "init=", "checkpoint.dir=")
-    saved = [o for o in saved_overrides(resume[-1]) if not o.startswith(dropped)]
-    return [*_upgraded(saved), *overrides]
-
-
-def _with_parent(overrides: Sequence[str]) -> list[str]:
-    """`init=<parent>`: the parent's model and tokenizer keys before the overrides given, whose
-    `model=`/`tokenizer=` choices must agree with them."""
-    init = [o.split("=", 1)[1] for o in overrides if o.startswith("init=")]
-    if not init or init[-1] in ("", "null"):
-        return list(overrides)
-    check_parent(init[-1])  # its header, before torch is imported
-    from transformer_mt.training import finetune
-
-    state = finetune.load_parent(init[-1], mmap=True)[1]
-    finetune.check_choices(init[-1], state, overrides)
-    return [*finetune.parent_overrides(state), *overrides]
-
-
-def _renamed(override: str) -> str | None:
+def renamed_key(override: str) -> str | None:
     """The old key an override uses, if it uses one (`debug=` is also the new group, with a name)."""
     key, _, value = override.lstrip("+~").partition("=")
     return key if key in RENAMED and (key != "debug" or value.lower() in ("true", "false")) else None
@@ -110,22 +74,8 @@ def _renamed(override: str) -> str | None:
 def check_renamed(overrides: Sequence[str]) -> None:
     """An old key name fails with one line that names the new one."""
     for override in overrides:
-        if _renamed(override):
-            raise ConfigError(unknown_key_message(_renamed(override)))
-
-
-def _upgraded(saved: Sequence[str]) -> list[str]:
-    """A resumed run's saved overrides in today's names; those train now refuses (it ignored them) go."""
-    out = []
-    for override in saved:
-        old, key = _renamed(override), override.partition("=")[0]
-        if old:
-            out.append(RENAMED[old][0] + override[override.index("="):])
-        elif key in IGNORED_BY_TRAIN:
-            log.warning("resume: dropping the run's override %s, which train never used", override)
-        else:
-            out.append(override)
-    return out
+        if renamed_key(override):
+            raise ConfigError(unknown_key_message(renamed_key(override)))
 
 
 def _sweep_values(override: Any) -> list[str]:

@@ -8,6 +8,7 @@ from `checkpoint.dir` and decides nothing itself.
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
@@ -43,11 +44,18 @@ def run_directory(default: str, sweep_job: bool = False, *, _root_: DictConfig) 
     return default
 
 
-def _now(pattern: str) -> str:
-    """Hydra's `${now:...}` at the run's start: under torchrun rank 0's, so all ranks share a directory."""
-    from transformer_mt.training import distributed
+_start: list[datetime] = []  # the run's start time where processes share one (set_start_time)
 
-    return distributed.start_time().strftime(pattern)
+
+def set_start_time(start: datetime) -> None:
+    """The time `${tmt_now:...}` names, for every process of a run: under torchrun, rank 0's
+    (training/distributed.py shares it), so that all ranks name one directory."""
+    _start[:] = [start]
+
+
+def _now(pattern: str) -> str:
+    """Hydra's `${now:...}` at the run's start: the shared start time, else the current time."""
+    return (_start[0] if _start else datetime.now()).strftime(pattern)
 
 
 def register() -> None:

@@ -18,6 +18,7 @@ from transformer_mt.data.corpora import (
     ensure_tatoeba,
     load_pairs,
     locate,
+    one_line,
     open_binary,
     read_lines,
     read_utf8,
@@ -31,5 +32,5 @@ from transformer_mt.errors import DataError
 
 __all__ = ["LINE_ENDS", "Batch", "DataError", "EncodedSplit", "PreparedData", "Ragged", "TokenBatchSampler",
            "assign", "collate", "ensure_tatoeba", "greedy_cut", "held_out_pairs", "length_sorted_batches",
-           "load_pairs", "load_split_tsv", "locate", "open_binary", "pad_sources", "prepare_data",
-           "read_lines", "read_utf8", "sentence_key", "utf8_lines"]
+           "load_pairs", "load_split_tsv", "locate", "one_line", "open_binary", "pad_sources",
+           "prepare_data", "read_lines", "read_utf8", "sentence_key", "utf8_lines"]

@@ -37,6 +37,11 @@ HF_ROW = '{"translation": {"<src_lang>": ..., "<tgt_lang>": ...}}'
 _FLATTEN_WS = str.maketrans({"\t": " ", "\r": " ", "\n": " "})
 _LINE_END = re.compile(r"\r\n|\r|\n")  # not str.splitlines: \v, \f, \x1c, U+2028 ... stay in a sentence
 LINE_ENDS = "\\n, \\r\\n and a lone \\r each end a line"  # said where line counts differ
+
+
+def one_line(text: str) -> str:
+    """A text (a translation) as one line of a file read back line by line: each line end a space."""
+    return _LINE_END.sub(" ", text)
 _TATOEBA_FILE = re.compile(r"([a-z]{3})-eng\.zip|([a-z]{3})\.txt")
 # The manythings files are named by ISO 639-3 codes, configs use ISO 639-1 where one exists: the codes
 # below are checked against the file name (other codes are taken as they are).

@@ -27,6 +27,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -95,6 +96,17 @@ def _new_tokenizer(kind: str, lowercase: bool) -> Tokenizer:
     tok.normalizer = _normalizer(lowercase, spaces_marked=kind == "unigram")
     tok.encode_special_tokens = True
     return tok
+
+
+MODEL_TYPES = {"bpe": "BPE", "unigram": "Unigram", "wordlevel": "WordLevel", "char": "WordLevel"}
+PARTS = ("normalizer", "pre_tokenizer", "post_processor", "decoder")  # what surrounds a kind's model
+
+
+def built_parts(kind: str) -> list[dict[str, Any]]:
+    """The normaliser, splitter, post-processor and decoder this module builds for a kind, as the
+    tokenizer's JSON writes them: cased, and lowercased."""
+    built = [json.loads(_new_tokenizer(kind, lowercase).to_str()) for lowercase in (False, True)]
+    return [{part: spec.get(part) for part in PARTS} for spec in built]
 
 
 def language_token(lang: str) -> str:

@@ -11,13 +11,14 @@ decoding and return results in input order; an `Ensemble` works as a model (its 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
 from transformer_mt.data import Batch, collate, length_sorted_batches
+from transformer_mt.decoding.search import DecodingStopped
 from transformer_mt.model import Ensemble, Transformer
 from transformer_mt.runtime.device import autocast
 
@@ -88,15 +89,21 @@ def score_pairs(model: Transformer | Ensemble, src_ids: Sequence[Sequence[int]],
 
 def forced_attention(model: Transformer | Ensemble, src_ids: Sequence[Sequence[int]],
                      tgt_ids: Sequence[Sequence[int]], device: torch.device, batch_tokens: int,
-                     layer: int, amp: torch.dtype | None = None) -> list[torch.Tensor]:
+                     layer: int | None, amp: torch.dtype | None = None,
+                     should_stop: Callable[[], bool] | None = None) -> list[torch.Tensor]:
     """Each pair's cross-attention in decoder layer `layer` (negative: from the last) averaged over
-    heads: (target pieces + <eos>, source pieces + <eos>) float32 on the CPU, input order kept."""
+    heads: (target pieces + <eos>, source pieces + <eos>) float32 on the CPU, input order kept; with
+    layer None, every layer's and head's: (layers, heads, target pieces + <eos>, source pieces + <eos>).
+    `should_stop`, asked before each batch, ends the pass with DecodingStopped when it says True."""
     found: list[torch.Tensor | None] = [None] * len(src_ids)
     with _evaluating(model), torch.inference_mode():
         for indices, batch in _batches(src_ids, tgt_ids, batch_tokens):
+            if should_stop is not None and should_stop():
+                raise DecodingStopped("the forced pass of word alignments was stopped")
             _, attention = _teacher_forced(model, batch.to(device), amp, need_attention=True)
             assert attention is not None
-            chosen = attention[:, layer].float().mean(1).cpu()  # (B, T, S)
+            # (B, L, H, T, S) whole, or (B, T, S): one layer, its heads averaged
+            chosen = attention.float().cpu() if layer is None else attention[:, layer].float().mean(1).cpu()
             for row, i in enumerate(indices):
-                found[i] = chosen[row, : len(tgt_ids[i]) + 1, : len(src_ids[i]) + 1].clone()
+                found[i] = chosen[row, ..., : len(tgt_ids[i]) + 1, : len(src_ids[i]) + 1].clone()
     return found  # type: ignore[return-value]

@@ -22,8 +22,10 @@ web_documents.mjs.
 
 from __future__ import annotations
 
+import html
 import json
 import logging
+import re
 import shutil
 import subprocess
 import tarfile
@@ -85,8 +87,10 @@ def runtime_files(cache: Path) -> dict[str, Path]:
 def page(title: str, settings: dict[str, object]) -> str:
     """index.html: the page, with the model's length rule, languages and the documents layer's rules."""
     text = PAGE.read_text(encoding="utf-8")
-    # "<" escaped: the settings sit inside a <script> element, which "</script" or "<!--" would end
-    return text.replace("{title}", title).replace("{settings}", json.dumps(settings).replace("<", "\\u003c"))
+    # The title (the checkpoint's languages) as HTML text; in the settings "<" escaped: they sit inside a
+    # <script> element, which "</script" or "<!--" would end. One pass, so neither is read as the other.
+    fill = {"{title}": html.escape(title), "{settings}": json.dumps(settings).replace("<", "\\u003c")}
+    return re.sub(r"\{title\}|\{settings\}", lambda m: fill[m.group()], text)
 
 
 def export_web(checkpoint: str | Path, output_dir: Path, overwrite: bool = False,

@@ -21,7 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from transformer_mt.checkpoints.header import check_checkpoints, check_parent
+from transformer_mt.checkpoints.named import check_checkpoints, check_parent
 from transformer_mt.config import (
     CONFIG_DIR,
     SCHEMAS,

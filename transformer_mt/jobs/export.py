@@ -32,7 +32,7 @@ def export(cfg: ExportConfig) -> Path:
 
         path = export_web(cfg.checkpoint, output_dir, cfg.overwrite)
     else:
-        from transformer_mt.decoding.ct2 import export_ctranslate2
+        from transformer_mt.interop.ct2_export import export_ctranslate2
 
         path = export_ctranslate2(cfg.checkpoint, output_dir, cfg.quantization, cfg.overwrite)
     print(path)

@@ -21,7 +21,7 @@ from transformer_mt.decoding.scoring import PairScore
 from transformer_mt.decoding.translator import Translator
 from transformer_mt.errors import DataError
 from transformer_mt.runtime.device import configure_threads, select_device
-from transformer_mt.runtime.files import atomic_write
+from transformer_mt.runtime.files import write_output
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def score(cfg: ScoreConfig) -> list[PairScore]:
         raise DataError(f"{name}: {str(ex).replace('pair ', 'line ', 1)}") from None
     text = "".join(format_score(s, cfg.output_format) + "\n" for s in scores)
     if cfg.output:
-        atomic_write(Path(cfg.output), lambda f: f.write(text.encode("utf-8")))
+        write_output(Path(cfg.output), lambda f: f.write(text.encode("utf-8")))
         log.info("%d scores written to %s", len(scores), cfg.output)
     else:
         sys.stdout.write(text)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import signal
 import socket
@@ -50,9 +51,17 @@ def serve(cfg: ServeConfig) -> None:
     """Entry point of `transformer-mt serve`: prints the URL once the server accepts connections, and
     `server stopped` after a graceful stop."""
     uvicorn, create_app = _web_stack()
+    from transformer_mt.serve.guard import check_exposure
+
+    check_exposure(cfg)
     sock = listen(cfg.host, cfg.port)
     with contextlib.closing(sock):
-        engine = load_engine(cfg)
+        try:
+            with _stopped_by_sigterm():  # while the model loads: uvicorn's own handlers come after
+                engine = load_engine(cfg)
+        except _Stopped:
+            print("server stopped before it served", flush=True)
+            return
         check_default_prefix(engine)
         model = engine.info.get("model_dir") or engine.info.get("checkpoint")
         address = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
@@ -64,6 +73,29 @@ def serve(cfg: ServeConfig) -> None:
     print("server stopped", flush=True)
 
 
+class _Stopped(Exception):
+    """SIGTERM or Ctrl-C arrived before the server served."""
+
+
+@contextlib.contextmanager
+def _stopped_by_sigterm() -> Iterator[None]:
+    """SIGTERM and Ctrl-C as _Stopped meanwhile (in the main thread): a stop while the model loads ends
+    the job quietly, as a stop of the running server does, rather than by the signal or a traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise _Stopped(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def http_config(uvicorn: Any, app: Any, cfg: ServeConfig) -> Any:
     """uvicorn's settings for app: limits.* as its own connection, idle-time and header-size limits. A stop
     waits for the requests in flight as long as one may take (its body, then its wait for a translation):
@@ -71,18 +103,41 @@ def http_config(uvicorn: Any, app: Any, cfg: ServeConfig) -> Any:
     limits = cfg.limits
     longest = limits.body_timeout_s + limits.timeout_s
     return uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
-                          timeout_graceful_shutdown=longest, http=_head_timeout_protocol(), backlog=BACKLOG,
+                          timeout_graceful_shutdown=longest, backlog=BACKLOG,
+                          http=_timed_protocol(limits.send_timeout_s),
                           limit_concurrency=limits.max_connections, timeout_keep_alive=limits.idle_timeout_s,
                           h11_max_incomplete_event_size=limits.max_header_bytes)
 
 
-def _head_timeout_protocol() -> type:
+async def _over_the_connection_limit(scope: Any, receive: Any, send: Any) -> None:
+    """What a request past limits.max_connections gets: the API's one line of JSON (uvicorn's own answer
+    is plain text), and the connection closed."""
+    body = json.dumps({"error": "the server has as many connections open as limits.max_connections "
+                                "allows; retry in a moment"}).encode()
+    await send({"type": "http.response.start", "status": 503,
+                "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1"),
+                            (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _timed_protocol(send_timeout_s: float) -> type:
+    from uvicorn.protocols.http import h11_impl
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class HeadTimeoutProtocol(H11Protocol):
-        """uvicorn's h11 protocol with its keep-alive timer also running from the moment a connection opens
-        until a whole request head has arrived: uvicorn times only the wait between requests, so a client
-        that connects and sends nothing, or sends its head a byte at a time, would hold a socket forever."""
+    # uvicorn answers past its limit_concurrency with the app this module names: ours, in JSON
+    h11_impl.service_unavailable = _over_the_connection_limit
+
+    class TimedProtocol(H11Protocol):
+        """uvicorn's h11 protocol with two clocks uvicorn lacks, so that no client holds a connection (one
+        of limits.max_connections) and its buffered answer forever:
+        - the head: its keep-alive timer also runs from the moment a connection opens until a whole
+          request head has arrived (uvicorn times only the wait between requests, so a client that sends
+          nothing, or its head a byte at a time, would hold a socket);
+        - the answer: once more of it waits to be sent than the socket takes (the transport paused
+          writing), the client must take some within limits.send_timeout_s, else the connection is
+          aborted and its unsent bytes dropped (uvicorn waits on a client that never reads for ever)."""
+
+        send_deadline: Any = None
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -94,7 +149,31 @@ def _head_timeout_protocol() -> type:
             self.conn.receive_data(data)
             self.handle_events()
 
-    return HeadTimeoutProtocol
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self.send_deadline is None:
+                self.send_deadline = self.loop.call_later(send_timeout_s, self.reader_gone)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            self._stop_send_clock()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._stop_send_clock()
+            super().connection_lost(exc)
+
+        def reader_gone(self) -> None:
+            self.send_deadline = None
+            log.warning("a client took none of its answer for %g s (limits.send_timeout_s): disconnected",
+                        send_timeout_s)
+            self.transport.abort()
+
+        def _stop_send_clock(self) -> None:
+            if self.send_deadline is not None:
+                self.send_deadline.cancel()
+                self.send_deadline = None
+
+    return TimedProtocol
 
 
 def _server_class(uvicorn: Any, serving: str, host: str) -> type:

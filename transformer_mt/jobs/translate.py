@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import IO, TextIO, TypeVar
 from transformer_mt.config import TranslateConfig
 from transformer_mt.config.arguments import not_utf8_text
 from transformer_mt.config.problems import raise_if
-from transformer_mt.data import open_binary, read_utf8, utf8_lines
+from transformer_mt.data import one_line, open_binary, read_utf8, utf8_lines
 from transformer_mt.decoding.alignment import pharaoh
 from transformer_mt.decoding.engine import load_engine
 from transformer_mt.decoding.search import alignment
@@ -29,10 +28,9 @@ from transformer_mt.documents.formats import format_for, read_document
 from transformer_mt.documents.pipeline import DocumentTranslator
 from transformer_mt.documents.spans import read_terms
 from transformer_mt.errors import ConfigError, DataError
-from transformer_mt.runtime.files import atomic_write
+from transformer_mt.runtime.files import write_output
 
 log = logging.getLogger(__name__)
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")  # what ends a line of input (data.LINE_ENDS)
 T = TypeVar("T")
 CHUNK_LINES = 2000  # lines translated together: big enough to batch well, small enough to stream
 
@@ -57,7 +55,7 @@ def format_nbest(nbest: list[Translation], n_best: int, with_scores: bool) -> li
     columns = with_scores or n_best > 1 or nbest[0].alignment is not None
 
     def text(h: Translation) -> str:
-        flat = _LINE_BREAK.sub(" ", h.text)
+        flat = one_line(h.text)
         flat = flat.replace("\t", " ") if columns else flat
         return flat if h.alignment is None else f"{flat}\t{pharaoh(h.alignment)}"
 
@@ -113,7 +111,7 @@ def write_attention_png(engine: TextTranslator, sentence: str, path: Path) -> No
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=120)
     plt.close(fig)
-    atomic_write(path, lambda f: f.write(buffer.getvalue()))
+    write_output(path, lambda f: f.write(buffer.getvalue()))
     log.info("attention heatmap written to %s", path)
 
 
@@ -179,7 +177,7 @@ def write_document(docs: DocumentTranslator, source: str, fmt: str, cfg: Transla
     translated = docs.translate_documents([source], fmt, [str(cfg.input)])[0]
     log.info("%s", docs.summary())
     if cfg.output:
-        atomic_write(Path(cfg.output), lambda f: f.write(translated.encode("utf-8")))
+        write_output(Path(cfg.output), lambda f: f.write(translated.encode("utf-8")))
         log.info("%s translated into %s", cfg.input, cfg.output)
     else:
         sys.stdout.write(translated)
@@ -197,9 +195,9 @@ def write_file(path: Path, write: Callable[[TextIO], T]) -> T:
         try:
             result.append(write(out))
         finally:
-            out.detach()  # flushes; atomic_write closes, fsyncs and renames the file itself
+            out.detach()  # flushes; write_output closes, fsyncs and renames the file itself
 
-    atomic_write(path, text)
+    write_output(path, text)
     return result[0]
 
 

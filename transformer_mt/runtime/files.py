@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from transformer_mt.errors import ConfigError, ExportError
+from transformer_mt.errors import ConfigError, ExportError, OutputError
 
 TEMPORARY = ".tmp"  # the suffix of a file being written (.<name>.<random>.tmp): a kill leaves it behind
 META_FILE = "transformer_mt.json"  # in every exported directory: what it is and where it came from
@@ -48,6 +48,17 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def write_output(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
+    """atomic_write of a job's output file: a failed write (a full disk, no permission) is one line naming
+    the file, and leaves no file behind (nor a previous one changed)."""
+    try:
+        atomic_write(path, write)
+    except OSError as ex:
+        why = ex.strerror or (str(ex).strip().splitlines() or [type(ex).__name__])[0][:200]
+        raise OutputError(f"cannot write {path} ({why}); free space on its disk, or give another "
+                          "output path") from None
 
 
 def refuse_existing(output_dir: Path, overwrite: bool) -> None:

@@ -2,108 +2,57 @@
 
 Every error a client can cause is answered with a 4xx and one line of JSON, `{"error": "..."}`, that
 says what to change; nothing a client sends can produce a traceback in a response. The request body is
-parsed here rather than by FastAPI, so that `curl -d` (sent as a form) works like a JSON client and a
-non-UTF-8 or non-JSON body gets its own message; the OpenAPI schema still describes it.
+parsed by messages.py rather than by FastAPI, so that `curl -d` (sent as a form) works like a JSON client
+and a non-UTF-8 or non-JSON body gets its own message; the OpenAPI schema still describes it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import statistics
-import sys
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
 from transformer_mt.config import ServeConfig
-from transformer_mt.config.checks import n_best_in_beam
 from transformer_mt.decoding.alignment import pharaoh
 from transformer_mt.decoding.translator import TextTranslator, Translation
 from transformer_mt.documents.pipeline import DocumentTranslator
 from transformer_mt.errors import UserError
-from transformer_mt.serve.attention_maps import AttentionMap, attention_map, check_attention_size
+from transformer_mt.serve.attention_maps import attention_map, check_attention_size
 from transformer_mt.serve.batcher import Batcher, ClientGone, QueueFull, Search
 from transformer_mt.serve.document_requests import check_documents
 from transformer_mt.serve.guard import RequestGuard, max_body_bytes, read_body
+from transformer_mt.serve.messages import (
+    ERRORS,
+    ErrorResponse,
+    ScoredText,
+    TranslateRequest,
+    TranslateResponse,
+    one_line,
+    parse_request,
+)
 
 log = logging.getLogger(__name__)
 LATENCY_WINDOW = 10_000  # latest /translate latencies kept for the percentiles
 # /health calls the worker stuck when one batch outlasts limits.timeout_s by this much: a batch whose
 # requests have all timed out stops at its next decoding step, which takes far less.
 STUCK_GRACE_S = 30.0
-
-
-# -- the API's schema ---------------------------------------------------------------------------------
-class TranslateRequest(BaseModel):
-    """POST /translate: texts and, optionally, how to search and what to return."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-    text: list[str] | str = Field(description="the sentences to translate (or one sentence)")
-    beam_size: int | None = Field(None, ge=1, description="1 = greedy; default: the server's")
-    n_best: int | None = Field(None, ge=1, description="hypotheses per text, at most beam_size")
-    scores: bool = Field(False, description="also return each hypothesis with its model score")
-    attention: bool | Literal["heads"] = Field(False, description="also return cross-attention: true = "
-                                                "averaged over layers and heads, \"heads\" = per layer and "
-                                                "head")
-    alignment: bool | None = Field(None, description="also return word alignments (`0-0 1-2 ...`, source-"
-                                   "target word indices) of each best translation; default: the server's")
-    prefix: list[str] | str | None = Field(None, description="forced start of each translation (prefix "
-                                           "decoding): one per text, \"\" for none; default: the server's")
-    tgt_lang: str | None = Field(None, description="the language to translate into, for a model of several "
-                                 "(GET /health lists them); default: the server's")
-    format: Literal["text", "markdown", "html", "srt"] = Field(
-        "text", description="text: each text split into sentences; markdown, html, srt: each text a "
-        "document, translated with its structure (markup, code, cue numbers and timings) as it was")
-
-    def search(self) -> Search:
-        """What the request asks of the search (requests that ask the same decode together)."""
-        return Search(self.beam_size, self.n_best, self.attention is not False, self.alignment, self.tgt_lang,
-                      self.format)
-
-
-class ScoredText(BaseModel):
-    """One of a text's n best translations and its score."""
-
-    text: str
-    score: float
-
-
-class TranslateResponse(BaseModel):
-    translations: list[str] = Field(description="the best translation of each text, in request order")
-    nbest: list[list[ScoredText]] | None = None
-    attention: list[AttentionMap] | None = None
-    alignments: list[str] | None = Field(None, description="the best translation's word alignment of each "
-                                         "text (`0-0 1-2 ...`), when asked")
-
-
-class ErrorResponse(BaseModel):
-    error: str
-
-
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse, "description": why} for code, why in (
-        (400, "the body is not UTF-8 JSON, or the Host is not in allowed_hosts"),
-        (408, "the body did not arrive within limits.body_timeout_s"),
-        (413, "too many texts, a text or prefix too long, the body too large, or more attention than "
-              "limits.max_attention_values"),
-        (415, "a browser sent a body that is not application/json"),
-        (422, "a field is missing, of the wrong type or out of range, or a text cannot be encoded"),
-        (431, "the request line and headers are over limits.max_header_bytes"),
-        (503, "the queue is full (see Retry-After) or the request waited too long"))}
+CHECKING_THREADS = 2  # threads tokenising requests and parsing their documents
 
 
 # -- what the server counts -----------------------------------------------------------------------------
@@ -136,24 +85,66 @@ class Metrics:
 
 
 # -- the app --------------------------------------------------------------------------------------------
+@dataclass
+class Service:
+    """What POST /translate works with: the engine, the server's config, the queue and its worker, the
+    threads that check requests, and the counters."""
+
+    engine: TextTranslator
+    cfg: ServeConfig
+    batcher: Batcher
+    metrics: Metrics
+    checking: concurrent.futures.Executor | None = None  # started with the app (None: asyncio's threads)
+
+    async def translate(self, request: Request) -> Response:
+        """One request: its body read and parsed, refused at once when the queue is full, checked against
+        the model (in the checking threads), queued and decoded, and answered (off the event loop: a large
+        answer takes a while to build, and /health must answer meanwhile)."""
+        start, limits = time.perf_counter(), self.cfg.limits
+        raw = await read_body(request, max_body_bytes(self.cfg), limits.body_timeout_s)
+        body = await asyncio.to_thread(parse_request, raw, self.cfg)  # a body at the limit takes a while
+        texts = [body.text] if isinstance(body.text, str) else body.text
+        search = body.search()
+        prefixes = [body.prefix] if isinstance(body.prefix, str) else body.prefix
+        try:  # before tokenising: a full queue costs a refused request nothing
+            self.batcher.check_room(self.batcher.cost(texts, prefixes, search))
+        except QueueFull as ex:
+            raise busy(ex) from None
+        await check_fit(self.engine, body, texts, prefixes, self.checking)
+        await asyncio.get_running_loop().run_in_executor(self.checking, check_attention_size, self.engine,
+                                                         texts, prefixes, body.attention, self.cfg)
+        try:
+            results = await decode(self.batcher, request, texts, search, prefixes, limits.timeout_s)
+        except ClientGone:  # nobody to answer; 499 as nginx logs it, for /metrics
+            return JSONResponse({"error": "the client closed the connection"}, status_code=499)
+        self.metrics.sentences += len(texts)
+        self.metrics.latencies.append(time.perf_counter() - start)
+        return await asyncio.to_thread(respond_json, self.engine, texts, results, body,
+                                       limits.max_response_bytes)
+
+
 def create_app(engine: TextTranslator, cfg: ServeConfig) -> FastAPI:
     """The FastAPI app serving `engine` with cfg's batching and limits."""
     batcher = Batcher(DocumentTranslator.for_engine(engine, cfg.document), cfg.batching)
     metrics = Metrics()
     page = resources.files("transformer_mt.serve").joinpath("page.html").read_text(encoding="utf-8")
+    service = Service(engine, cfg, batcher, metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # Requests are tokenised (and documents parsed) in threads of their own, not those that build
+        # answers: a flood of texts to check cannot hold up the answers of requests already decoded.
+        service.checking = concurrent.futures.ThreadPoolExecutor(CHECKING_THREADS, thread_name_prefix="check")
         batcher.start()
         yield
         batcher.stop()
+        service.checking.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="transformer-mt", version="1", lifespan=lifespan,
                   description="Machine translation with a from-scratch Transformer. `POST /translate` "
                               "decodes the texts of concurrent requests together.")
     app.state.batcher, app.state.metrics = batcher, metrics
     app.add_middleware(RequestGuard, cfg=cfg)  # added before `count`, so its refusals are counted too
-    body_limit = max_body_bytes(cfg)
 
     @app.middleware("http")
     async def count(request: Request, call_next: Any) -> Any:
@@ -167,7 +158,7 @@ def create_app(engine: TextTranslator, cfg: ServeConfig) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, ex: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"error": _one_line(ex.errors())}, status_code=422)
+        return JSONResponse({"error": one_line(ex.errors())}, status_code=422)
 
     @app.exception_handler(Exception)
     async def internal(_: Request, ex: Exception) -> JSONResponse:
@@ -199,21 +190,7 @@ def create_app(engine: TextTranslator, cfg: ServeConfig) -> FastAPI:
     async def translate(request: Request) -> Response:
         """Translate a list of texts: the best translation of each, in order (n-best, scores and
         cross-attention on request)."""
-        start = time.perf_counter()
-        body = parse_request(await read_body(request, body_limit, cfg.limits.body_timeout_s), cfg)
-        texts = [body.text] if isinstance(body.text, str) else body.text
-        search = body.search()
-        prefixes = [body.prefix] if isinstance(body.prefix, str) else body.prefix
-        await check_fit(engine, body, texts, prefixes)
-        await asyncio.to_thread(check_attention_size, engine, texts, prefixes, body.attention, cfg)
-        try:
-            results = await decode(batcher, request, texts, search, prefixes, cfg.limits.timeout_s)
-        except ClientGone:  # nobody to answer; 499 as nginx logs it, for /metrics
-            return JSONResponse({"error": "the client closed the connection"}, status_code=499)
-        metrics.sentences += len(texts)
-        metrics.latencies.append(time.perf_counter() - start)
-        # Off the event loop: a large response takes a while to build, and /health must answer meanwhile.
-        return await asyncio.to_thread(respond_json, engine, texts, results, body)
+        return await service.translate(request)
 
     return app
 
@@ -226,7 +203,7 @@ async def decode(batcher: Batcher, request: Request, texts: list[str], search: S
         return await asyncio.wait_for(batcher.translate(texts, search, prefixes, timeout_s,
                                                         lambda: _hang_up(request)), timeout_s)
     except QueueFull as ex:
-        raise HTTPException(503, str(ex), headers={"Retry-After": str(ex.retry_after)}) from None
+        raise busy(ex) from None
     except UserError as ex:  # the request's own fault, or what this engine cannot do (CTranslate2: prefixes)
         raise HTTPException(422, str(ex)) from None
     except asyncio.TimeoutError:
@@ -235,58 +212,21 @@ async def decode(batcher: Batcher, request: Request, texts: list[str], search: S
                             headers={"Retry-After": "5"}) from None
 
 
-def parse_request(raw: bytes, cfg: ServeConfig) -> TranslateRequest:
-    """The request body as a TranslateRequest within the server's limits, or the HTTPException saying
-    what is wrong with it."""
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as ex:
-        raise HTTPException(400, f"the body is not UTF-8 (byte {ex.start}); send UTF-8 JSON") from None
-    except json.JSONDecodeError as ex:
-        raise HTTPException(400, f"the body is not JSON ({ex.msg} at line {ex.lineno} column {ex.colno}); "
-                            'send {"text": ["..."]}') from None
-    except RecursionError:
-        raise HTTPException(400, "the body's JSON nests too deeply; send a flat object such as "
-                            '{"text": ["..."]}') from None
-    except ValueError:  # an integer past Python's limit on digits: reading it would take quadratic time
-        raise HTTPException(400, f"the body holds a number of more than {sys.get_int_max_str_digits()} "
-                            "digits; send a smaller one") from None
-    if not isinstance(data, dict):
-        raise HTTPException(422, 'the body must be a JSON object such as {"text": ["..."]}')
-    try:
-        body = TranslateRequest.model_validate(data)
-    except ValidationError as ex:
-        raise HTTPException(422, _one_line(ex.errors())) from None
-    texts = [body.text] if isinstance(body.text, str) else body.text
-    limits = cfg.limits
-    if not texts:
-        raise HTTPException(422, "text is an empty list; send at least one text")
-    if len(texts) > limits.max_texts:
-        raise HTTPException(413, f"{len(texts)} texts in one request; the limit is {limits.max_texts} "
-                            "(limits.max_texts): split the request")
-    for i, text in enumerate(texts):
-        if len(text) > limits.max_chars:
-            raise HTTPException(413, f"text[{i}] has {len(text)} characters; the limit is {limits.max_chars} "
-                                "(limits.max_chars): split it into sentences")
-    _check_prefixes(body, len(texts), limits.max_chars)
-    beam = body.beam_size or cfg.decoding.beam_size
-    if beam > limits.max_beam_size:
-        raise HTTPException(422, f"beam_size={beam} is above this server's limit of {limits.max_beam_size}")
-    too_many = n_best_in_beam(body.n_best or 1, beam, prefix="")
-    if too_many:
-        raise HTTPException(422, too_many[0])
-    return body
+def busy(ex: QueueFull) -> HTTPException:
+    """A full queue's 503, with when to retry."""
+    return HTTPException(503, str(ex), headers={"Retry-After": str(ex.retry_after)})
 
 
 async def check_fit(engine: TextTranslator, body: TranslateRequest, texts: list[str],
-                    prefixes: list[str] | None) -> None:
+                    prefixes: list[str] | None, pool: concurrent.futures.Executor | None = None) -> None:
     """A 413 naming the first text or prefix with more tokens than the model's positions, or a 422 naming
-    one the tokenizer cannot encode. Tokenised in a thread: a request at the limits took 0.35 s on two
-    CPU cores, which on the event loop would stall every other request and /health. Documents are
-    parsed there too (document_requests.py)."""
-    await asyncio.to_thread(check_documents, body, texts)
+    one the tokenizer cannot encode. Tokenised in `pool`'s threads (None: asyncio's): a request at the
+    limits took 0.35 s on two CPU cores, which on the event loop would stall every other request and
+    /health. Documents are parsed there too (document_requests.py)."""
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(pool, check_documents, body, texts)
     try:
-        unfit = await asyncio.to_thread(engine.unfit_inputs, texts, prefixes, body.tgt_lang)
+        unfit = await loop.run_in_executor(pool, engine.unfit_inputs, texts, prefixes, body.tgt_lang)
     except UserError as ex:  # a language the model lacks
         raise HTTPException(422, str(ex)) from None
     if not unfit:
@@ -302,29 +242,6 @@ async def check_fit(engine: TextTranslator, body: TranslateRequest, texts: list[
     raise HTTPException(422, f"{name} {first.reason}; send valid UTF-8 text")
 
 
-def _check_prefixes(body: TranslateRequest, n_texts: int, max_chars: int) -> None:
-    """One prefix per text (a string for one text), each within limits.max_chars."""
-    if body.prefix is None:
-        return
-    prefixes = [body.prefix] if isinstance(body.prefix, str) else body.prefix
-    if len(prefixes) != n_texts:
-        raise HTTPException(422, f"prefix has {len(prefixes)} items for {n_texts} texts; give one per text "
-                            '("" for none)')
-    for i, prefix in enumerate(prefixes):
-        if len(prefix) > max_chars:
-            raise HTTPException(413, f"prefix[{i}] has {len(prefix)} characters; the limit is {max_chars} "
-                                "(limits.max_chars)")
-
-
-def _one_line(errors: Any) -> str:
-    """Pydantic's error list as one line: `field: message` of each."""
-    parts = []
-    for e in errors:
-        where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{where}: {e.get('msg', 'invalid')}")
-    return "; ".join(parts)
-
-
 async def _hang_up(request: Request) -> None:
     """Return once the client has disconnected: ASGI's http.disconnect, the one message left to receive
     after the body (uvicorn sends it as soon as the connection closes)."""
@@ -333,9 +250,15 @@ async def _hang_up(request: Request) -> None:
 
 
 def respond_json(engine: TextTranslator, texts: list[str], results: list[list[Translation]],
-                 body: TranslateRequest) -> JSONResponse:
-    """The response for one request's results, rendered to JSON (the slow part for large attention)."""
-    return JSONResponse(respond(engine, texts, results, body).model_dump(exclude_none=True))
+                 body: TranslateRequest, max_bytes: int) -> JSONResponse:
+    """The response for one request's results, rendered to JSON (the slow part for large attention), or
+    a 413 when it is over `max_bytes` (limits.max_response_bytes)."""
+    response = JSONResponse(respond(engine, texts, results, body).model_dump(exclude_none=True))
+    if len(response.body) > max_bytes:
+        return JSONResponse({"error": f"the answer is {len(response.body):,} bytes, over this server's "
+                                      f"limits.max_response_bytes={max_bytes:,}; ask for fewer texts, "
+                                      "hypotheses or attention values at a time"}, status_code=413)
+    return response
 
 
 def respond(engine: TextTranslator, texts: list[str], results: list[list[Translation]],
@@ -381,6 +304,7 @@ def describe(engine: TextTranslator, cfg: ServeConfig) -> dict[str, Any]:
         "decoding": {"beam_size": engine.decoding.beam_size, "n_best": engine.decoding.n_best,
                      "max_beam_size": cfg.limits.max_beam_size},
         "limits": {"max_texts": cfg.limits.max_texts, "max_chars": cfg.limits.max_chars},
+        "api_key": cfg.api_key is not None or cfg.api_key_file is not None,  # the page asks for it
         "batching": {"enabled": cfg.batching.enabled, "window_ms": cfg.batching.window_ms,
                      "max_sentences": cfg.batching.max_sentences},
     }

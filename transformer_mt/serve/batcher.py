@@ -3,9 +3,10 @@
 Requests wait in a queue. The worker takes the oldest, waits up to `window_ms` for more to arrive,
 and decodes every waiting request that asks for the same search (beam size, n-best, attention) in one
 call, up to `max_sentences`; requests with prefixes (forced starts, one per text) batch only with each
-other, so that the server's own decoding.prefix still applies to the rest. `Translator` sorts that
-batch by length. Each request's future gets its own translations back, in its own order. The event
-loop only enqueues and awaits, so it never blocks on decoding.
+other, so that the server's own decoding.prefix still applies to the rest. A request for attention is
+decoded alone: its attention, bounded per request (limits.max_attention_values), is then bounded per
+batch. `Translator` sorts that batch by length. Each request's future gets its own translations back,
+in its own order. The event loop only enqueues and awaits, so it never blocks on decoding.
 
 One client cannot harm another's answer or stall the server:
 - A batch that fails is decoded again one request at a time, so only the request that causes the error
@@ -38,6 +39,9 @@ from transformer_mt.errors import UserError
 
 log = logging.getLogger(__name__)
 SHUTDOWN = (SystemExit, KeyboardInterrupt)  # the only exceptions the worker lets end it
+# The queue counts what a request costs to decode, in sentences of this many characters searched with the
+# server's beam: a one-character text with a long prefix and a wide beam is not one sentence.
+SENTENCE_CHARS = 100
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     prefixes: list[str] | None = None  # each text's forced start, or None: the server's decoding.prefix
     deadline: float = math.inf  # time.monotonic() after which nobody waits for the answer
+    cost: int = 0  # what it takes of batching.max_queue (Batcher.cost)
     abandoned: threading.Event = field(default_factory=threading.Event)  # set when its client is gone
 
     def gone(self) -> bool:
@@ -92,7 +97,7 @@ class Batcher:
         self.engine = engine
         self.cfg = cfg
         self._jobs: collections.deque[Job] = collections.deque()
-        self._waiting = 0  # sentences in _jobs
+        self._waiting = 0  # the cost of the jobs in _jobs, in sentences (cost)
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="transformer-mt-decoder", daemon=True)
@@ -116,7 +121,23 @@ class Batcher:
 
     @property
     def waiting(self) -> int:
+        """What waits in the queue, in sentences (Batcher.cost)."""
         return self._waiting
+
+    def cost(self, texts: list[str], prefixes: list[str] | None, search: Search) -> int:
+        """What texts take of the queue: each counts one sentence per SENTENCE_CHARS characters begun (its
+        prefix's too: a forced start is decoded as well), times its beam over the server's."""
+        default = self.engine.decoding.beam_size
+        scale = (search.beam_size or default) / max(1, default)
+        chars = [len(t) + (len(prefixes[i]) if prefixes else 0) for i, t in enumerate(texts)]
+        return sum(max(1, math.ceil(scale * max(1, math.ceil(c / SENTENCE_CHARS)))) for c in chars)
+
+    def check_room(self, cost: int) -> None:
+        """QueueFull unless a request of this cost would be queued now (one alone in an empty queue always
+        is, so a request within the limits is never refused for good)."""
+        with self._cond:
+            if self._waiting and self._waiting + cost > self.cfg.max_queue:
+                raise QueueFull(self._waiting, self._retry_after())
 
     def problem(self, stuck_after_s: float) -> str | None:
         """Why the worker cannot decode (it has stopped, or has held one batch for over stuck_after_s
@@ -136,12 +157,13 @@ class Batcher:
         meanwhile) returns first; after timeout_s nobody waits, and the worker drops or stops the job."""
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + timeout_s if timeout_s is not None else math.inf
-        job = Job(texts, search, loop.create_future(), loop, prefixes, deadline)
+        job = Job(texts, search, loop.create_future(), loop, prefixes, deadline,
+                  cost=self.cost(texts, prefixes, search))
         with self._cond:
-            if self._waiting + len(texts) > self.cfg.max_queue:
+            if self._waiting and self._waiting + job.cost > self.cfg.max_queue:
                 raise QueueFull(self._waiting, self._retry_after())
             self._jobs.append(job)
-            self._waiting += len(texts)
+            self._waiting += job.cost
             self._cond.notify()
         try:
             return await _wait_for_answer(job, client_gone)
@@ -156,7 +178,7 @@ class Batcher:
         with self._cond:
             if job in self._jobs:
                 self._jobs.remove(job)
-                self._waiting -= len(job.texts)
+                self._waiting -= job.cost
 
     def _retry_after(self) -> int:
         """Seconds until the waiting sentences are likely decoded, from the throughput so far."""
@@ -208,16 +230,16 @@ class Batcher:
         size = 0
         for job in self._jobs:
             if job.gone() or job.future.done():  # the client went away or timed out
-                self._waiting -= len(job.texts)
+                self._waiting -= job.cost
                 continue
             fits = first is not None and self.cfg.enabled and job.search == first.search and \
-                (job.prefixes is None) == (first.prefixes is None) and \
+                not job.search.attention and (job.prefixes is None) == (first.prefixes is None) and \
                 size + len(job.texts) <= self.cfg.max_sentences
             if first is None or fits:
                 first = first or job
                 taken.append(job)
                 size += len(job.texts)
-                self._waiting -= len(job.texts)
+                self._waiting -= job.cost
             else:
                 kept.append(job)
         self._jobs = kept
@@ -246,7 +268,7 @@ class Batcher:
                 return self._documents(texts, search, lambda: all(job.gone() for job in jobs))
             return self.engine.translate_nbest(texts, return_attention=search.attention,
                                                beam_size=search.beam_size, n_best=search.n_best,
-                                               alignment=search.alignment, prefixes=prefixes,
+                                               alignment=search.alignment, aligned=1, prefixes=prefixes,
                                                tgt_lang=search.tgt_lang,
                                                should_stop=lambda: all(job.gone() for job in jobs))
         except SHUTDOWN:

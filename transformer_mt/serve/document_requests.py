@@ -11,8 +11,8 @@ from starlette.exceptions import HTTPException
 from transformer_mt.documents.formats import read_document
 from transformer_mt.errors import UserError
 
-if TYPE_CHECKING:  # types only: the app imports this module
-    from transformer_mt.serve.app import TranslateRequest
+if TYPE_CHECKING:  # types only
+    from transformer_mt.serve.messages import TranslateRequest
 
 
 def check_documents(body: TranslateRequest, texts: list[str]) -> None:

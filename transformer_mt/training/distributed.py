@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from transformer_mt.config.resolvers import set_start_time
 from transformer_mt.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 # Rank 0 may validate for a while as the others wait in a collective: don't time them out too soon.
 TIMEOUT = timedelta(minutes=60)
-_start: datetime | None = None  # the run's start time, rank 0's clock on every rank
 
 
 @dataclass(frozen=True)
@@ -91,16 +91,10 @@ def share_start_time(world: World) -> None:
     Each process reading its own clock could straddle a second and give each rank a directory of its
     own. The time travels as rank 0's local wall-clock text, so nodes in other time zones agree too.
     """
-    global _start
     now = [datetime.now().isoformat()]
     if world.distributed:
         dist.broadcast_object_list(now, src=0, device=torch.device("cpu"))
-    _start = datetime.fromisoformat(now[0])
-
-
-def start_time() -> datetime:
-    """The shared start time under torchrun, the current time otherwise."""
-    return _start if _start is not None else datetime.now()
+    set_start_time(datetime.fromisoformat(now[0]))
 
 
 def prepare_data(dataset: DatasetConfig, tokenizer: TokenizerConfig, run_dir: Path,

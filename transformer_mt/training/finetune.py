@@ -20,7 +20,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from transformer_mt.checkpoints import check, header
+from transformer_mt.checkpoints import check, fields
+from transformer_mt.checkpoints.paths import is_hf_dir
 from transformer_mt.checkpoints.store import WEIGHTS, load_checkpoint, resolve_checkpoint, trained_weights
 from transformer_mt.config import CONFIG_DIR, ModelConfig, TokenizerConfig, TrainConfig
 from transformer_mt.errors import CheckpointError, ConfigError
@@ -40,22 +41,25 @@ def load_parent(init: str, mmap: bool = False) -> tuple[Path, dict[str, Any]]:
     """(checkpoint file, state) of the parent: a file as given, a run directory's best checkpoint, or a
     Hugging Face directory (interop/hf_import.py); its model, tokenizer, weights and the config sections
     a fine-tuning run reads are checked first."""
-    if hf_import.is_hf_dir(init):
-        return Path(init), hf_import.parent_state(init, {"src_lang": None, "tgt_lang": None})
+    hf = is_hf_dir(init)
+    if hf:  # a directory from elsewhere may not say its languages (None): the run's dataset does
+        path, state = Path(init), hf_import.parent_state(init, {"src_lang": None, "tgt_lang": None})
     try:
-        path = resolve_checkpoint(init)
-        state = load_checkpoint(path, mmap=mmap)
-        check.check_model(path, state, WEIGHTS)
-        header.counter(path, state, "step")
-        config = header.entry(path, state, "config", dict)
-        tokenizer = header.entry(path, config, "tokenizer", dict, "config.")
-        header.typed_section(path, "config.tokenizer", tokenizer, TokenizerConfig, known_only=False)
-        dataset = header.entry(path, config, "dataset", dict, "config.")
+        if not hf:
+            path = resolve_checkpoint(init)
+            state = load_checkpoint(path, mmap=mmap)
+            check.check_model(path, state, WEIGHTS)
+        fields.counter(path, state, "step")
+        config = fields.entry(path, state, "config", dict)
+        tokenizer = fields.entry(path, config, "tokenizer", dict, "config.")
+        fields.typed_section(path, "config.tokenizer", tokenizer, TokenizerConfig, known_only=False)
+        dataset = fields.entry(path, config, "dataset", dict, "config.")
         for key in ("src_lang", "tgt_lang"):
-            header.entry(path, dataset, key, str, "config.dataset.")
+            if not hf or dataset.get(key) is not None:
+                fields.entry(path, dataset, key, str, "config.dataset.")
         return path, state
     except CheckpointError as ex:
-        raise header.for_parent(init, ex) from ex
+        raise fields.for_parent(init, ex) from ex
 
 
 def parent_sections(state: dict[str, Any]) -> dict[str, dict[str, Any]]:

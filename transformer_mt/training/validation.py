@@ -151,11 +151,16 @@ class Validator:
         self.records.scalars("valid", {f"averaged_{name}_gain": value - (single or 0.0)}, step)
         if not keep:
             return None
-        state["best"] = best = {"metric": name, "value": value, "epoch": epoch, "step": step,
-                                "averaged": len(paths)}
-        ckpt.save_checkpoint(state, run_dir / AVERAGED)
-        ckpt.link_checkpoint(run_dir / AVERAGED, run_dir / ckpt.BEST)
-        return best
+        averaged = {"metric": name, "value": value, "epoch": epoch, "step": step, "averaged": len(paths)}
+        state["best"] = averaged
+        try:  # the run's epochs are saved: a full disk here costs the average, not the run
+            ckpt.save_checkpoint(state, run_dir / AVERAGED)
+            ckpt.link_checkpoint(run_dir / AVERAGED, run_dir / ckpt.BEST)
+        except OSError as ex:
+            log.warning("the average of the last checkpoints was not saved (%s); best.pt stays the best "
+                        "single checkpoint", ex.strerror or ex)
+            return None
+        return averaged
 
     def _attention(self) -> torch.Tensor:
         """The first validation sentence's greedy cross-attention (output rows × source columns)."""
