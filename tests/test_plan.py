@@ -469,7 +469,7 @@ def test_a_run_with_nothing_set_by_hand_is_planned_trained_and_recorded(corpus: 
     tmt.train([f"dataset.path={corpus}", "dataset.url=null", f"dataset.cache_dir={os.environ[DATA_CACHE]}",
                "dataset.max_pairs=600", "dataset.valid_size=60", "dataset.test_size=60",
                "tokenizer.vocab_size=400", "device=cpu", "device.num_threads=1", "training.progress=false",
-               "training.plan=auto", "training.max_minutes=0.12", f"checkpoint.dir={run_dir}"])
+               "training.plan=auto", "training.max_minutes=0.2", f"checkpoint.dir={run_dir}"])
     result = json.loads((run_dir / "result.json").read_text())
     saved = load_checkpoint(run_dir / "latest.pt")
     plan = planning.Plan.from_record(result["plan"])
