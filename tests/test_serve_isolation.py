@@ -171,7 +171,7 @@ def test_a_timed_out_request_stops_decoding_within_a_step(tiny_run: Path, tiny_e
         after = c.post("/translate", json={"text": ["Hi."], "beam_size": 1})
         waited = time.monotonic() - start
     assert late.status_code == 503
-    assert after.status_code == 200 and waited < 1.5, waited
+    assert after.status_code == 200 and waited < 2.5, waited  # the rest of its full decode: over 3 s
     assert slow_engine[0] < full / 2, (slow_engine, full)
 
 
@@ -212,7 +212,7 @@ def test_a_client_that_hangs_up_stops_its_decoding(tiny_run: Path, tiny_engine: 
         start = time.monotonic()
         after = c.post("/translate", json={"text": ["Hi."], "beam_size": 1})
         waited = time.monotonic() - start
-    assert after.status_code == 200 and waited < 1.5, waited
+    assert after.status_code == 200 and waited < 2.5, waited  # the rest of its full decode: over 3 s
     assert slow_engine[0] < full / 2, (slow_engine, full)
 
 
