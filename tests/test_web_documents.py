@@ -23,6 +23,7 @@ from transformer_mt.config import DocumentConfig
 from transformer_mt.decoding.translator import Translation
 from transformer_mt.documents.masking import STAND_INS, mask, unmask
 from transformer_mt.documents.pipeline import DocumentTranslator
+from transformer_mt.documents.sentences import cut_long
 from transformer_mt.documents.spans import PATTERNS, Span, find_spans
 from transformer_mt.interop.web import DOCUMENTS_JS
 from transformer_mt.interop.web_rules import js_regex, js_source, page_rules
@@ -170,3 +171,48 @@ def test_the_pages_title_is_text_whatever_the_checkpoint_calls_its_languages() -
     text = page(hostile, {"languages": {"src_lang": "en"}})
     assert "<script>alert(1)" not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
     assert text.count('"src_lang": "en"') == 1 and "{settings}" in text  # the title's, shown as typed
+
+
+LONG = ["When the rain stopped, we walked to the station; the train was late again, and nobody knew why.",
+        "Tom said — and he meant it — that the meeting would take place at the old house near the river.",
+        "Onewordthatgoesonandonwithoutanyspaceatallforaverylongtime and then two.",
+        "Short one."]
+
+
+def test_a_long_sentence_is_cut_in_the_page_where_python_cuts_it() -> None:
+    """cut_long's halving at the clause boundary nearest the middle, else between words, else between
+    characters, with a length rule of a few words (the page's counts tokens)."""
+    cases = [[sentence, limit] for sentence in LONG for limit in (3, 6, 12)]
+    answer = run_node({**_empty(), "cut": cases})
+    for (sentence, limit), parts in zip(cases, answer["cut"]):
+        expected = [sentence[a:b] for a, b in cut_long(sentence, lambda t, n=limit: len(t.split()) <= n)]
+        assert parts == expected, (sentence, limit)
+
+
+def test_the_page_copies_the_names_the_model_never_met_as_python_does() -> None:
+    words = sorted({w.lower() for text in TEXTS for w in re.findall(r"\w+", text)} - {"paris", "tom", "anna"}
+                   | {"i", "is", "waiting", "for", "you", "at", "the", "station", "met"})
+    texts = [*TEXTS, "Yusuf is waiting for you at the station.", "I met Jean-Luc and Tom in Paris.",
+             "ZOË AND Ǆemal ARE HERE.", "Write to Yusuf@mail.com at /home/Yusuf."]
+    answer = run_node({**_empty(), "words": words, "names": texts})
+    for text, found in zip(texts, answer["names"]):
+        expected = [[s.kind, s.start, s.end] for s in find_spans(text, known=frozenset(words))]
+        assert found == expected, text
+    assert ["name", 0, 5] in answer["names"][len(TEXTS)]  # Yusuf
+
+
+def test_texts_with_long_sentences_and_names_come_through_as_through_document_translator() -> None:
+    words = ["i", "is", "waiting", "for", "you", "at", "the", "station", "when", "rain", "stopped", "we"]
+    texts = [*LONG, "Yusuf is waiting for you at the station. When the rain stopped, we walked."]
+    cases = [{"texts": texts, "drops": [], "fold": True, "limit": 6}]
+    answer = run_node({**_empty(), "words": words, "translate": cases})
+    engine = EchoEngine(max_tokens=6)
+    engine.known_words = frozenset(words)
+    docs = DocumentTranslator.for_engine(engine, DocumentConfig())
+    expected = docs.translate_nbest(texts)
+    found = answer["translated"][0]
+    assert found["translations"] == [n[0].text for n in expected]
+    assert [found[k] for k in ("sentences", "cut", "spans")] == [docs.tally.sentences, docs.tally.cut,
+                                                                  docs.tally.spans]
+    assert found["cut"] >= 2 and found["spans"] >= 1
+

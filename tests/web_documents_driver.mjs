@@ -12,6 +12,9 @@ const segmenter = new Intl.Segmenter('en', { granularity: 'sentence' });
 // the words of each sentence but those of `drops`: the test's engine, the same in Python
 const engine = (drops) => async (xs) => xs.map((x) => x.split(' ').filter((w) => !drops.includes(w)).join(' '));
 const matches = (text, source, flags) => [...text.matchAll(new RegExp(source, `${flags}g`))];
+// a sentence of at most `limit` words: the test's length rule, the same in Python
+const within = (limit) => (limit ? (t) => t.split(/\s+/).filter(Boolean).length <= limit : null);
+const named = D.compileRules(job.rules, job.words ?? []);
 
 const out = {
   matches: job.texts.map((t) => job.rules.spans.map(({ source, flags }) =>
@@ -29,7 +32,10 @@ const out = {
     return [u.text, u.placed];
   }),
   sentences: job.split.map((t) => D.splitSentences(t, D.findSpans(t, R), R, segmenter).map(([a, b]) => t.slice(a, b))),
-  translated: await Promise.all(job.translate.map(({ texts, drops, fold }) =>
-    D.translateTexts(texts, engine(drops), R, segmenter, fold))),
+  translated: await Promise.all(job.translate.map(({ texts, drops, fold, limit }) =>
+    D.translateTexts(texts, engine(drops), job.words ? named : R, segmenter, fold, within(limit)))),
+  cut: (job.cut ?? []).map(([sentence, limit]) =>
+    D.cutLong(sentence, within(limit), R).map(([a, b]) => sentence.slice(a, b))),
+  names: (job.names ?? []).map((t) => D.findSpans(t, named).map((s) => [s.kind, points(t, s.start), points(t, s.end)])),
 };
 process.stdout.write(JSON.stringify(out));

@@ -46,7 +46,7 @@ PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 TRIMMED = ("url", "email", "path")  # kinds whose match may run into the sentence's punctuation
 KINDS = ("number", "price", "time", "year", "email", "url", "code", "path", "name", "term", "markup")
 # A word, hyphenated parts and all ("Jean-Luc"); an apostrophe ends it ("Yusuf's": the name is "Yusuf")
-_WORD = re.compile(r"(?<![\w@/\\.-])[^\W\d_]+(?:-[^\W\d_]+)*(?![\w@/\\-])")
+NAME_WORD = re.compile(r"(?<![\w@/\\.-])[^\W\d_]+(?:-[^\W\d_]+)*(?![\w@/\\-])")
 # Source languages that capitalise every noun: a capitalised word of theirs that training never held is
 # as likely a compound noun to translate as a name (document.names=auto leaves them be)
 CAPITALISED_NOUNS = ("de", "lb")
@@ -99,7 +99,7 @@ def find_spans(text: str, terms: Sequence[str] = (), given: Iterable[tuple[int, 
             if kind == "number" and ORDINAL.match(text, m.start()):
                 continue  # "2nd" is a word to translate ("2e"), not a number to copy
             claim(m.start(), end, kind)
-    for m in _WORD.finditer(text) if known is not None else ():
+    for m in NAME_WORD.finditer(text) if known is not None else ():
         if m.group()[0].isupper() and any(part.casefold() not in known for part in m.group().split("-")):
             claim(m.start(), m.end(), "name")
     return sorted(found, key=lambda s: s.start)

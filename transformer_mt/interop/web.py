@@ -31,10 +31,12 @@ import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from transformer_mt.checkpoints.paths import resolve_checkpoint
-from transformer_mt.checkpoints.store import load_checkpoint
+from transformer_mt.checkpoints.store import load_checkpoint, word_list
 from transformer_mt.config import ConfigError
+from transformer_mt.documents.spans import CAPITALISED_NOUNS
 from transformer_mt.errors import ExportError
 from transformer_mt.interop.onnx import export_onnx
 from transformer_mt.interop.web_rules import page_rules
@@ -93,12 +95,29 @@ def page(title: str, settings: dict[str, object]) -> str:
     return re.sub(r"\{title\}|\{settings\}", lambda m: fill[m.group()], text)
 
 
+def sentence_tokens(state: dict[str, Any], max_positions: int) -> int:
+    """The most tokens a sentence the page translates whole may have: what the run trained on
+    (dataset.max_len), within the model's positions; a longer one is translated in parts."""
+    trained = (state.get("config", {}).get("dataset", {}) or {}).get("max_len") or max_positions
+    return max(1, min(int(trained), max_positions - 1))
+
+
+def page_words(state: dict[str, Any], src_lang: str | None) -> list[str] | None:
+    """The training words the page tells names by (lowercased; document.names=auto's rule: none for a
+    source language that capitalises its nouns, nor for a checkpoint that lists none)."""
+    words = word_list(state)
+    if words is None or (src_lang or "en") in CAPITALISED_NOUNS:
+        return None
+    return sorted({w.lower() for w in words})
+
+
 def export_web(checkpoint: str | Path, output_dir: Path, overwrite: bool = False,
                cache: Path | None = None) -> Path:
     """Write the static folder of a checkpoint; return its path (it appears whole or not at all)."""
     output_dir = Path(output_dir)
     refuse_existing(output_dir, overwrite)
-    kind = load_checkpoint(resolve_checkpoint(checkpoint)).get("config", {}).get("tokenizer", {}).get("kind")
+    state = load_checkpoint(resolve_checkpoint(checkpoint))
+    kind = state.get("config", {}).get("tokenizer", {}).get("kind")
     if kind is not None and kind not in WEB_TOKENIZERS:
         raise ExportError(f"tokenizer.kind={kind}: Transformers.js's tokenizer splits text otherwise than "
                           f"ours for it, so the page would translate other tokens; train with "
@@ -125,7 +144,9 @@ def export_web(checkpoint: str | Path, output_dir: Path, overwrite: bool = False
             (tmp / "models" / "model" / "model.safetensors").unlink()  # the page reads the ONNX graphs only
             languages = meta.get("languages", {})
             settings = {**meta.get("decoding", {}), "max_positions": config["max_position_embeddings"],
-                        "languages": languages, "documents": page_rules()}
+                        "languages": languages, "documents": page_rules(),
+                        "max_sentence_tokens": sentence_tokens(state, config["max_position_embeddings"]),
+                        "words": page_words(state, languages.get("src_lang"))}
             title = f"{languages.get('src_lang') or '?'} → {languages.get('tgt_lang') or '?'}"
             (tmp / "index.html").write_text(page(title, settings), encoding="utf-8")
             (tmp / META_FILE).write_text(json.dumps({**meta, "format": "web",

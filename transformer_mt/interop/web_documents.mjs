@@ -10,10 +10,17 @@
 
 const escaped = (text) => text.replace(/[\\^$.*+?()[\]{}|/]/g, '\\$&');
 
-// The settings' rules as regular expressions.
-export function compileRules(rules) {
+// The settings' rules as regular expressions; `words`: the model's training words (lowercased), whose
+// absence makes a capitalised word a name to copy (null: no names kept).
+export function compileRules(rules, words = null) {
   const regex = (r, extra = '') => new RegExp(r.source, r.flags + extra);
   return {
+    name: regex(rules.name, 'g'),
+    known: words ? new Set(words) : null,
+    clause: regex(rules.clause, 'g'),
+    spaces: regex(rules.spaces, 'g'),
+    attached: regex(rules.attached),
+    joiners: new Set(rules.joiners),
     spans: rules.spans.map((s) => ({ kind: s.kind, pattern: regex(s, 'g') })),
     trimmed: new Set(rules.trimmed),
     trailing: rules.trailing,
@@ -47,20 +54,28 @@ function ordinalAt(text, start, R) {  // `ORDINAL.match(text, start)`
 }
 
 // `find_spans` (no user terms, no given ranges): each kind's matches in turn, the first to claim a
-// character keeping it.
+// character keeping it; then, with the training words, the capitalised words that none of them is
+// (compared lowercased, where Python compares case folded).
 export function findSpans(text, R) {
   const taken = new Uint8Array(text.length);
   const found = [];
+  const claim = (start, end, kind) => {
+    if (end > start && !taken.subarray(start, end).some((t) => t)) {
+      taken.fill(1, start, end);
+      found.push({ start, end, kind });
+    }
+  };
   for (const { kind, pattern } of R.spans) {
     for (const m of text.matchAll(pattern)) {
       const start = m.index;
       const end = R.trimmed.has(kind) ? trim(text, start, start + m[0].length, R) : start + m[0].length;
       if (kind === 'number' && ordinalAt(text, start, R)) continue;  // "2nd" is a word to translate
-      if (end > start && !taken.subarray(start, end).some((t) => t)) {
-        taken.fill(1, start, end);
-        found.push({ start, end, kind });
-      }
+      claim(start, end, kind);
     }
+  }
+  for (const m of R.known ? text.matchAll(R.name) : []) {
+    const unknown = m[0].split('-').some((part) => !R.known.has(part.toLowerCase()));
+    if (/^\p{Lu}/u.test(m[0]) && unknown) claim(m.index, m.index + m[0].length, 'name');
   }
   return found.sort((a, b) => a.start - b.start);
 }
@@ -104,6 +119,54 @@ export function splitSentences(text, spans, R, segmenter) {
     else merged.push(range);
   }
   return merged;
+}
+
+// -- long sentences (documents/sentences.py) -------------------------------------------------------------
+
+// `_attached`: whether the character at `at` belongs with the one before it (a combining mark, a
+// modifier, either side of a joiner, or the second half of a character of two UTF-16 units).
+function attached(text, at, R) {
+  const unit = text.charCodeAt(at);
+  if (unit >= 0xdc00 && unit <= 0xdfff) return true;
+  const c = String.fromCodePoint(text.codePointAt(at));
+  return R.attached.test(c) || R.joiners.has(c) || R.joiners.has(text[at - 1]);
+}
+
+// `_middle_cut`: where to cut [start, end) in two: the clause boundary nearest the middle, else the space
+// between words nearest it, else the cut between characters nearest it; null for one character.
+function middleCut(text, start, end, R) {
+  const middle = (start + end) / 2;
+  const nearest = (cuts) => cuts.reduce((best, c) => (Math.abs(c - middle) < Math.abs(best - middle) ? c : best));
+  for (const pattern of [R.clause, R.spaces]) {
+    pattern.lastIndex = start;
+    const cuts = [...text.slice(0, end).matchAll(pattern)].map((m) => m.index + m[0].length)
+      .filter((c) => c > start && c < end);
+    if (cuts.length) return nearest(cuts);
+  }
+  const inside = [];
+  for (let c = start + 1; c < end; c++) if (!attached(text, c, R)) inside.push(c);
+  const floor = Math.floor((start + end) / 2);  // as Python's `_character_cut` sorts them: by distance
+  return inside.length ? inside.reduce((best, c) => (Math.abs(c - floor) < Math.abs(best - floor) ? c : best))
+    : null;
+}
+
+// `cut_long`: ranges of `sentence`, in order, each without the whitespace around it and each that `fits`
+// accepts: a part that does not fit is halved at `middleCut`, until it fits or is one character.
+export function cutLong(sentence, fits, R) {
+  const whole = stripped(sentence, 0, sentence.length, R);
+  const parts = [];
+  const todo = whole ? [whole] : [];
+  while (todo.length) {  // a stack of ranges still to check, the leftmost on top
+    const [start, end] = todo.pop();
+    const cut = fits(sentence.slice(start, end)) ? null : middleCut(sentence, start, end, R);
+    if (cut === null) {
+      parts.push([start, end]);
+      continue;
+    }
+    const halves = [stripped(sentence, start, cut, R), stripped(sentence, cut, end, R)];
+    for (const half of halves.reverse()) if (half) todo.push(half);
+  }
+  return parts;
 }
 
 // -- stand-ins (documents/masking.py) --------------------------------------------------------------------
@@ -211,18 +274,25 @@ function part(index, text, start, end, spans, fold, R) {
   return { text: index, start, end, kase, masked: mask(folded, spans, R, 0, sentence) };
 }
 
-// `DocumentTranslator.prepare`: every text's sentences, their spans masked.
-export function prepare(texts, R, segmenter, fold) {
+// `DocumentTranslator.prepare`: every text's sentences, cut where `fits` refuses them (null: none is),
+// their spans masked; how many sentences there were, and how many were cut.
+export function prepare(texts, R, segmenter, fold, fits = null) {
   const parts = [];
+  const counts = { sentences: 0, cut: 0 };
   texts.forEach((text, index) => {
     const spans = findSpans(text, R);
     for (const [start, end] of splitSentences(text, spans, R, segmenter)) {
-      const inside = spans.filter((s) => start <= s.start && s.end <= end)
-        .map((s) => ({ ...s, start: s.start - start, end: s.end - start }));
-      parts.push(part(index, text, start, end, inside, fold, R));
+      const pieces = fits ? cutLong(text.slice(start, end), fits, R) : [[0, end - start]];
+      counts.sentences += 1;
+      counts.cut += pieces.length > 1;
+      for (const [a, b] of pieces) {
+        const inside = spans.filter((s) => start + a <= s.start && s.end <= start + b)
+          .map((s) => ({ ...s, start: s.start - start - a, end: s.end - start - a }));
+        parts.push(part(index, text, start + a, start + b, inside, fold, R));
+      }
     }
   });
-  return parts;
+  return { parts, counts };
 }
 
 // `translate_parts`'s second try: the parts whose stand-in the model dropped, masked with the next
@@ -261,10 +331,11 @@ function joined(texts, parts, restored) {
 }
 
 // `DocumentTranslator.translate_runs`: `engine` (sentences in, translations out, in one call) translates
-// every sentence of every text; the spans restored, each translation goes where its sentence was.
-export async function translateTexts(texts, engine, R, segmenter, fold) {
-  const parts = prepare(texts, R, segmenter, fold);
-  const tally = { sentences: parts.length, spans: 0, retried: 0, placed: 0 };
+// every sentence of every text, a sentence `fits` refuses in parts; the spans restored, each translation
+// goes where its sentence was.
+export async function translateTexts(texts, engine, R, segmenter, fold, fits = null) {
+  const { parts, counts } = prepare(texts, R, segmenter, fold, fits);
+  const tally = { ...counts, spans: 0, retried: 0, placed: 0 };
   if (!parts.length) return { translations: texts.map(() => ''), ...tally };
   const found = (await engine(parts.map((p) => p.masked.text))).map((t, k) => cased(parts[k], t));
   await retried(parts, found, engine, R, tally);

@@ -18,9 +18,12 @@ import re
 import sys
 
 from transformer_mt.documents.masking import AROUND_STAND_IN, FINAL, STAND_INS, WORDS
-from transformer_mt.documents.spans import ORDINAL, PATTERNS, TRAILING, TRIMMED
+from transformer_mt.documents.sentences import ATTACHED, CLAUSE, JOINERS, SPACES
+from transformer_mt.documents.spans import NAME_WORD, ORDINAL, PATTERNS, TRAILING, TRIMMED
 
 WORD_CLASS = r"\p{L}\p{N}_"  # Python's \w: str.isalnum() (letters and numbers) or "_"
+# Python's [^\W\d_], a word's characters but digits and "_": letters and the numbers that are not digits
+LETTER_CLASS = ("[^\\W\\d_]", r"[\p{L}\p{Nl}\p{No}]")
 _SYNTAX = set("^$\\.*+?()[]{}|/")  # what JavaScript lets a backslash escape under the u flag
 _REFUSED = ("(?P", "(?#", "(?>", "(?(")
 _FLAGS = {re.IGNORECASE: "i"}
@@ -66,6 +69,10 @@ def js_source(source: str) -> str:
     out, i, in_class = [], 0, False
     while i < len(source):
         c = source[i]
+        if not in_class and source.startswith(LETTER_CLASS[0], i):
+            out.append(LETTER_CLASS[1])
+            i += len(LETTER_CLASS[0])
+            continue
         if c == "\\":
             nxt = source[i + 1]
             if nxt.isalpha() and nxt not in "ux":
@@ -132,4 +139,9 @@ def page_rules() -> dict[str, object]:
         "around_stand_in": [js_source(before), js_source(after)],
         "final": js_regex(FINAL),
         "space": js_regex(re.compile(r"\s")),
+        "name": js_regex(NAME_WORD),
+        "clause": js_regex(CLAUSE),
+        "spaces": js_regex(SPACES),
+        "attached": {"source": "[" + "".join(f"\\p{{{c}}}" for c in sorted(ATTACHED)) + "]", "flags": "u"},
+        "joiners": sorted(JOINERS),
     }
