@@ -62,6 +62,22 @@ def disk_sizes(run: Path, onnx_dir: Path, ct2_dir: Path) -> dict[str, float]:
             "CTranslate2 int8": size_mb(ct2_dir / "model.bin")}
 
 
+def report(summary: dict, bleu: dict, differing: list[tuple[str, str, str]]) -> None:
+    """Print the run's tables: speeds, agreement with ours, BLEU, sizes, and a few differing outputs."""
+    print(f"machine: {summary['machine']}; {summary['checkpoint']}; {summary['sentences']} test sentences "
+          f"(speed, parity), {summary['test_pairs']} (BLEU); one round")
+    if summary['warning']:
+        print(f"warning: {summary['warning']}")
+    print(markdown_table(["engine", "sentences/s"], [[k, f"{v:.1f}"] for k, v in summary['speeds'].items()]))
+    print(markdown_table(["against ours (greedy; beam 5)", "identical"],
+                         [[k, str(v)] for k, v in summary['identical_to_ours'].items()]))
+    print(markdown_table(["search", "BLEU", "chrF"],
+                         [[k, f"{v.bleu:.2f}", f"{v.chrf:.2f}"] for k, v in bleu.items()]))
+    print(markdown_table(["format", "MB on disk"], [[k, f"{v:.1f}"] for k, v in summary['size_mb'].items()]))
+    for source, a, b in differing:
+        print(f"differs: {source!r}\n  ours:  {a!r}\n  export: {b!r}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("checkpoint", help="a run directory (its split/test.tsv is read)")
@@ -125,18 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                "differing_examples": differing,
                "bleu": {k: v.bleu for k, v in bleu.items()}, "chrf": {k: v.chrf for k, v in bleu.items()},
                "size_mb": sizes}
-    print(f"machine: {summary['machine']}; {run}; {len(head)} test sentences (speed, parity), "
-          f"{len(sources)} (BLEU); one round")
-    if warning:
-        print(f"warning: {warning}")
-    print(markdown_table(["engine", "sentences/s"], [[k, f"{v:.1f}"] for k, v in speeds.items()]))
-    print(markdown_table(["against ours (greedy; beam 5)", "identical"],
-                         [[k, str(v)] for k, v in parity.items()]))
-    print(markdown_table(["search", "BLEU", "chrF"],
-                         [[k, f"{v.bleu:.2f}", f"{v.chrf:.2f}"] for k, v in bleu.items()]))
-    print(markdown_table(["format", "MB on disk"], [[k, f"{v:.1f}"] for k, v in sizes.items()]))
-    for source, a, b in differing:
-        print(f"differs: {source!r}\n  ours:  {a!r}\n  export: {b!r}")
+    report(summary, bleu, differing)
     if args.out:
         args.out.write_text(json.dumps(summary, indent=2, ensure_ascii=False))
     return 0

@@ -20,7 +20,8 @@ from tests.conftest import script_module, tiny_overrides
 from transformer_mt.config import ConfigError, ModelConfig, SearchConfig
 from transformer_mt.data.batching import TokenBatchSampler, greedy_cut
 from transformer_mt.data.tokenizer import PAD_ID
-from transformer_mt.decoding.search import beam_search, greedy_search, sample
+from transformer_mt.decoding.beam import beam_search
+from transformer_mt.decoding.search import greedy_search, sample
 from transformer_mt.model import Transformer, attention
 from transformer_mt.runtime import device as runtime
 from transformer_mt.training import distributed

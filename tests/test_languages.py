@@ -24,7 +24,8 @@ from transformer_mt.config import ConfigError, DatasetConfig, DecodingConfig, Mi
 from transformer_mt.data import Ragged, load_split_tsv, prepare_data
 from transformer_mt.data.languages import prefixed, split_file
 from transformer_mt.data.tokenizer import SPECIAL_TOKENS, train_tokenizers
-from transformer_mt.decoding.translator import Translator, decode_ids
+from transformer_mt.decoding.decode import decode_ids
+from transformer_mt.decoding.translator import Translator
 
 GERMAN = ROOT.parent / "shared" / "data" / "deu-eng.zip"
 

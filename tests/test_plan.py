@@ -243,7 +243,7 @@ def test_the_next_size_is_expected_to_take_its_timed_seconds_and_twice_the_rest(
 
 def test_the_probe_times_decoding_in_a_batch_like_validations(monkeypatch: pytest.MonkeyPatch) -> None:
     from transformer_mt.config import DecodingConfig
-    from transformer_mt.decoding import translator
+    from transformer_mt.decoding import decode
 
     clock, rows, first = [0.0], [], [False]
 
@@ -254,11 +254,11 @@ def test_the_probe_times_decoding_in_a_batch_like_validations(monkeypatch: pytes
         return [[None] for _ in src]
 
     monkeypatch.setattr(validation_cost, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
-    monkeypatch.setattr(translator, "_search", search)
+    monkeypatch.setattr(decode, "_search", search)
     src = [[5] * (1 + i % 9) for i in range(700)]
     data = SimpleNamespace(valid=SimpleNamespace(src_ids=src))
     greedy, model = DecodingConfig(beam_size=1, batch_tokens=400), torch.nn.Linear(1, 1)
-    translator.decode_ids(model, src[:600], greedy, torch.device("cpu"))  # what validation decodes
+    decode.decode_ids(model, src[:600], greedy, torch.device("cpu"))  # what validation decodes
     validation_s = clock[0]
     # 10 batches from 133 rows of 2 tokens (eos included) to 29 of 10; the median sentence (5 tokens and
     # eos) is in the fourth: 57 rows of up to 7 tokens

@@ -1,4 +1,4 @@
-"""Tests of transformer_mt.decoding.search: greedy, beam search and sampling."""
+"""Tests of transformer_mt.decoding.search and decoding.beam: greedy, beam search and sampling."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch
 import torch.nn as nn
 
 from transformer_mt.config import ModelConfig
-from transformer_mt.decoding.search import Hypothesis, beam_search, greedy_search, sample
+from transformer_mt.decoding.beam import beam_search
+from transformer_mt.decoding.search import Hypothesis, greedy_search, sample
 from transformer_mt.model import Transformer
 
 PAD, BOS, EOS = 0, 1, 2

@@ -21,7 +21,8 @@ from torch.utils._pytree import tree_leaves
 from tests.conftest import require, wait_until
 from tests.test_search import BOS, EOS, random_model, source_batch
 from transformer_mt.data.tokenizer import EOS_ID
-from transformer_mt.decoding.search import beam_search, max_output_length
+from transformer_mt.decoding.beam import beam_search
+from transformer_mt.decoding.search import max_output_length
 from transformer_mt.decoding.translator import Translator
 from transformer_mt.errors import DataError
 

@@ -13,21 +13,12 @@ from transformer_mt.data.batching import (
     pad_sources,
 )
 from transformer_mt.data.cache import held_out_pairs
-from transformer_mt.data.corpora import (
-    LINE_ENDS,
-    ensure_tatoeba,
-    load_pairs,
-    locate,
-    one_line,
-    open_binary,
-    read_lines,
-    read_utf8,
-    utf8_lines,
-)
+from transformer_mt.data.corpora import ensure_tatoeba, load_pairs, locate
 from transformer_mt.data.encode import EncodedSplit, PreparedData
 from transformer_mt.data.mixture import prepare_data
 from transformer_mt.data.ragged import Ragged
 from transformer_mt.data.split import assign, load_split_tsv, sentence_key
+from transformer_mt.data.text_files import LINE_ENDS, one_line, open_binary, read_lines, read_utf8, utf8_lines
 from transformer_mt.errors import DataError
 
 __all__ = ["LINE_ENDS", "Batch", "DataError", "EncodedSplit", "PreparedData", "Ragged", "TokenBatchSampler",

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from transformer_mt.data.corpora import no_file, read_utf8, split_lines
 from transformer_mt.data.memory import index_type, release_freed_memory
+from transformer_mt.data.text_files import no_file, read_utf8, split_lines
 from transformer_mt.errors import DataError
 
 log = logging.getLogger(__name__)

@@ -164,6 +164,38 @@ class CT2Translator(TextTranslator):
         found = self.translator.translate_batch([sources[i][:-1] for i in order], **request)
         return {i: (res, request["length_penalty"]) for i, res in zip(order, found)}
 
+    def _hypotheses(self, found: dict[int, Any], sources: dict[int, list[str]],
+                    return_attention: bool) -> dict[int, list[list[Any]]]:
+        """Each sentence's hypotheses as [tokens, log-prob sum, attention], scored as our search scores
+        them: CTranslate2's length penalty undone, and <eos> counted where the length limit ended one."""
+        capped: list[tuple[list[str], list[str], list[Any]]] = []  # (source, tokens, hypothesis)
+        collected: dict[int, list[list[Any]]] = {}
+        for i, (res, exponent) in found.items():
+            hyps = []
+            for k, tokens in enumerate(res.hypotheses):
+                ended = bool(tokens) and tokens[-1] == EOS
+                out = tokens[:-1] if ended else list(tokens)
+                raw = res.scores[k] * len(tokens) ** exponent  # undo CTranslate2's length penalty
+                attn = None
+                if return_attention and res.attention:
+                    # CTranslate2 leaves out the column of the <eos> it appended itself; each row
+                    # is a distribution over the source, so that column is what the others leave.
+                    attn = torch.tensor(res.attention[k], dtype=torch.float32)[:, : len(sources[i]) - 1]
+                    attn = torch.cat((attn, (1 - attn.sum(1, keepdim=True)).clamp(min=0)), dim=1)
+                    attn = attn[None, None]  # CTranslate2 gives one (layer, head) view, see build_spec
+                hyp = [out, raw, attn]
+                if not ended and self.exact:
+                    capped.append((sources[i][:-1], out, hyp))
+                hyps.append(hyp)
+            collected[i] = hyps
+        if capped:
+            # At the length limit we force <eos> and count its log-prob; CTranslate2 just stops.
+            scored = self.translator.score_batch([c[0] for c in capped], [c[1] for c in capped],
+                                                 max_input_length=0)
+            for (_, _, hyp), s in zip(capped, scored):
+                hyp[1] = float(sum(s.log_probs))
+        return collected
+
     def search_nbest(self, sentences: list[str], return_attention: bool = False,
                      prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
                      tgt_lang: str | None = None, aligned: int | None = None,
@@ -199,33 +231,7 @@ class CT2Translator(TextTranslator):
             found = self._search_fast(sources, decoding, return_attention)
 
         beam = not decoding.sampling and decoding.beam_size > 1
-        capped: list[tuple[list[str], list[str], list[Any]]] = []  # (source, tokens, hypothesis)
-        collected: dict[int, list[list[Any]]] = {}
-        for i, (res, exponent) in found.items():
-            hyps = []
-            for k, tokens in enumerate(res.hypotheses):
-                ended = bool(tokens) and tokens[-1] == EOS
-                out = tokens[:-1] if ended else list(tokens)
-                raw = res.scores[k] * len(tokens) ** exponent  # undo CTranslate2's length penalty
-                attn = None
-                if return_attention and res.attention:
-                    # CTranslate2 leaves out the column of the <eos> it appended itself; each row
-                    # is a distribution over the source, so that column is what the others leave.
-                    attn = torch.tensor(res.attention[k], dtype=torch.float32)[:, : len(sources[i]) - 1]
-                    attn = torch.cat((attn, (1 - attn.sum(1, keepdim=True)).clamp(min=0)), dim=1)
-                    attn = attn[None, None]  # CTranslate2 gives one (layer, head) view, see build_spec
-                hyp = [out, raw, attn]
-                if not ended and self.exact:
-                    capped.append((sources[i][:-1], out, hyp))
-                hyps.append(hyp)
-            collected[i] = hyps
-        if capped:
-            # At the length limit we force <eos> and count its log-prob; CTranslate2 just stops.
-            scored = self.translator.score_batch([c[0] for c in capped], [c[1] for c in capped],
-                                                 max_input_length=0)
-            for (_, _, hyp), s in zip(capped, scored):
-                hyp[1] = float(sum(s.log_probs))
-
+        collected = self._hypotheses(found, sources, return_attention)
         for i, hyps in collected.items():
             if beam:
                 for hyp in hyps:  # GNMT penalty, L = tokens + 1 (<eos>), as PyTorch beam search

@@ -1,4 +1,5 @@
-"""Batched decoding for `transformer_mt.model.Transformer`: greedy, beam search and sampling.
+"""Batched decoding for `transformer_mt.model.Transformer`: greedy search and sampling, and the rules
+every search shares (beam search: `decoding/beam.py`).
 
 All searches take src (B, S) right- or left-padded with the model's pad id and return, per sentence, a
 list of `Hypothesis` (best first). They run under torch.inference_mode() and use the decoder's KV cache:
@@ -26,7 +27,6 @@ import torch
 from torch import Tensor
 
 from transformer_mt.config import DecodingConfig
-from transformer_mt.decoding.attention_trail import AttentionTrail
 from transformer_mt.model import DecoderCache, Transformer
 from transformer_mt.model.attention import free_to_read
 
@@ -117,7 +117,7 @@ def _only(logp: Tensor, tokens: Tensor, rows: Tensor) -> Tensor:
     return out.scatter_(1, tokens[:, None], logp.gather(1, tokens[:, None]))
 
 
-def _step_log_probs(logits: Tensor, ends: Ends, pad_id: int, at_max: Tensor,
+def step_log_probs(logits: Tensor, ends: Ends, pad_id: int, at_max: Tensor,
                     forced: Tensor | None = None) -> Tensor:
     """Last-position logits (N, V) → float log-probs: pad and bos impossible, the prefix token forced
     where `forced` (N,) holds one (not -1), eos forced where at_max."""
@@ -129,18 +129,18 @@ def _step_log_probs(logits: Tensor, ends: Ends, pad_id: int, at_max: Tensor,
     return _only(logp, torch.full_like(at_max, ends.eos_id, dtype=torch.long), at_max)
 
 
-def _forced_at(forced: Tensor | None, rows: Tensor, t: int) -> Tensor | None:
+def forced_at(forced: Tensor | None, rows: Tensor, t: int) -> Tensor | None:
     """The prefix tokens of step t for the given sentence rows, or None past every prefix."""
     return forced[rows, t] if forced is not None and t < forced.size(1) else None
 
 
-def _src_attention(attn: Tensor, src_pad: Tensor) -> Tensor:
+def src_attention(attn: Tensor, src_pad: Tensor) -> Tensor:
     """(T_out, layers, H, S) attention of one sentence → (layers, H, T_out, n_src) over its
     non-pad positions."""
     return attn[..., ~src_pad].permute(1, 2, 0, 3).float().cpu()
 
 
-def _decode_step(model: Transformer, tokens: Tensor, memory: Tensor, src_pad: Tensor,
+def decode_step(model: Transformer, tokens: Tensor, memory: Tensor, src_pad: Tensor,
                  cache: DecoderCache | None, need_attention: bool) -> tuple[Tensor, Tensor | None]:
     """Run the decoder; return last-position logits (N, V) and attention (N, layers, H, S) or None."""
     if need_attention:
@@ -181,9 +181,9 @@ def _left_to_right(model: Transformer, src: Tensor, choose: Callable[[Tensor], T
     while alive.numel() > 0:
         if should_stop is not None and should_stop():
             raise DecodingStopped(f"greedy search stopped by its caller at step {t}")
-        logits, attn = _decode_step(model, prefix[:, -1:] if use_cache else prefix, memory, src_pad, cache,
+        logits, attn = decode_step(model, prefix[:, -1:] if use_cache else prefix, memory, src_pad, cache,
                                     return_attention)
-        logp = _step_log_probs(logits, ends, model.pad_id, t >= max_len, _forced_at(forced, alive, t))
+        logp = step_log_probs(logits, ends, model.pad_id, t >= max_len, forced_at(forced, alive, t))
         nxt = choose(logp)  # (N,)
         gained = logp.gather(1, nxt[:, None]).squeeze(1).double()
         if every > 1:  # rows that ended already repeat <eos> at no cost
@@ -202,7 +202,7 @@ def _left_to_right(model: Transformer, src: Tensor, choose: Callable[[Tensor], T
             continue
         originals, tokens, totals = alive[done].tolist(), prefix[done, 1:].tolist(), scores[done].tolist()
         for row, i, seq, score in zip(done, originals, tokens, totals, strict=True):
-            attention = (_src_attention(torch.stack(pending_attn[i]), src_pad[row])
+            attention = (src_attention(torch.stack(pending_attn[i]), src_pad[row])
                          if return_attention else None)
             hyps[i] = Hypothesis(seq[:seq.index(ends.eos_id)], score, attention)
         keep = (~ended).nonzero().squeeze(1)
@@ -255,141 +255,3 @@ def sample(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
 
     return _left_to_right(model, src, choose, Ends(bos_id, eos_id, max_len_a, max_len_b), True, False,
                           forced_tokens(prefixes, src.size(0), src.device), should_stop)
-
-
-# -- beam search ---------------------------------------------------------------------------------
-def _first_or_next_step(model: Transformer, prefix: Tensor, memory: Tensor, src_pad: Tensor,
-                        cache: DecoderCache, K: int, t: int,
-                        need_attention: bool) -> tuple[Tensor, Tensor | None]:
-    """Logits (A*K, V) of every beam's next token. Before the first token the K beams of a sentence
-    are identical: decode one row per sentence, then give each beam a copy of its self-attention
-    state. Memory and cross-attention K/V keep one row per sentence, shared by its beams."""
-    if t > 0:
-        return _decode_step(model, prefix[:, -1:], memory, src_pad, cache, need_attention)
-    logits, attn = _decode_step(model, prefix[::K, -1:], memory, src_pad, cache, need_attention)
-    expand = torch.arange(logits.size(0), device=logits.device).repeat_interleave(K)  # (B*K,)
-    cache.beams = K
-    cache.reorder(expand)
-    return logits[expand], attn[expand] if attn is not None else None
-
-
-def _top_candidates(logp: Tensor, scores: Tensor, K: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The best 2K continuations of each sentence: (scores, tokens, source rows of A*K), each (A, 2K),
-    sorted by score. They are among the best 2K of each of its beams: picking those per row first
-    makes the sum and the topk run over K*2K values, not K*V."""
-    A = scores.size(0)
-    n_cand = min(2 * K, logp.size(-1))
-    row_top, row_tok = logp.topk(n_cand, dim=1)  # (A*K, 2K)
-    cand = (scores.view(A * K, 1) + row_top).view(A, K * n_cand)
-    top_scores, top_pos = cand.topk(n_cand, dim=1)  # (A, 2K), sorted desc
-    top_tok = row_tok.view(A, K * n_cand).gather(1, top_pos)
-    top_beam = torch.div(top_pos, n_cand, rounding_mode="floor")
-    top_row = top_beam + torch.arange(A, device=logp.device)[:, None] * K
-    return top_scores, top_tok, top_row
-
-
-def _sentence_done(finished: list[Hypothesis], best_live: float, t: int, max_len: int, K: int,
-                   n_best: int, alpha: float, exhaustive: bool) -> bool:
-    """Done when K hypotheses finished, at max length, or when the best live beam cannot beat the
-    n_best-th finished one: judged as if it ended now (the usual heuristic, Hugging Face's
-    early_stopping=False), or with exhaustive=True at the most favourable length still possible."""
-    if len(finished) >= K or t > max_len:
-        return True
-    if len(finished) < n_best:
-        return False
-    nth = sorted((h.score for h in finished), reverse=True)[n_best - 1]
-    lp = gnmt_penalty(t + 1, alpha)
-    if exhaustive:  # a live beam ends at a length in [t + 1, max_len + 1]; lp is monotone
-        lp = max(lp, gnmt_penalty(max_len + 1, alpha))
-    return best_live / lp <= nth
-
-
-def _attach_attention(best: list[list[Hypothesis]], trail: AttentionTrail, src_pad: Tensor) -> None:
-    """Give each returned hypothesis its attention, read back from the trail (sentence i's over the
-    real positions of src_pad[i])."""
-    chosen = [(i, h) for i, hyps in enumerate(best) for h in hyps]
-    for (i, h), history in zip(chosen, trail.histories([h for _, h in chosen]), strict=True):
-        h.attention = _src_attention(history, src_pad[i])
-
-
-@torch.inference_mode()
-def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
-                beam_size: int = DEFAULT.beam_size, length_penalty: float = DEFAULT.length_penalty,
-                max_len_a: float = DEFAULT.max_len_a, max_len_b: int = DEFAULT.max_len_b,
-                n_best: int = DEFAULT.n_best, return_attention: bool = False, exhaustive: bool = False,
-                prefixes: Sequence[Sequence[int]] | None = None,
-                should_stop: StopCheck | None = None) -> list[list[Hypothesis]]:
-    """Batched beam search (fairseq-style) returning the n_best hypotheses per sentence.
-
-    The batch is flattened to (A * K) rows, A live sentences × K beams. Each step takes the top 2K
-    continuations per sentence; eos among the top K are finalised with score
-    logprob_sum / lp(len(tokens) + 1), the first K non-eos ones become the new beams. K=1 is exactly
-    greedy. Done sentences (`_sentence_done`) leave the batch and the cache. With prefixes, every beam
-    of a sentence starts with its prefix's token ids (one live beam until the prefix ends).
-    """
-    DecodingConfig(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a,
-                   max_len_b=max_len_b, n_best=n_best).check()
-    K, alpha, ends, device = beam_size, length_penalty, Ends(bos_id, eos_id, max_len_a, max_len_b), src.device
-    B = src.size(0)
-    memory, src_pad = model.encode(src)  # once per sentence: (A, S, d), (A, S)
-    sentence_pad = src_pad  # (B, S), kept for the attention of sentences that leave the batch
-    forced = forced_tokens(prefixes, B, device)
-    max_len = ends.limits(model, src, forced)  # (A,)
-    on_device = torch.tensor(max_len, device=device), torch.arange(B, device=device)  # max_len, sent_ids
-    cache = model.new_cache()
-    sent_ids = list(range(B))  # original index of each live sentence
-    scores = torch.zeros(B, K, dtype=torch.float64, device=device)
-    scores[:, 1:] = float("-inf")  # all beams start identical: expand only beam 0 at first
-    prefix = torch.full((B * K, 1), bos_id, dtype=torch.long, device=device)  # (A*K, 1+t)
-    trail = AttentionTrail() if return_attention else None
-    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
-
-    t = 0
-    while sent_ids:
-        if should_stop is not None and should_stop():
-            raise DecodingStopped(f"beam search stopped by its caller at step {t}")
-        logits, attn = _first_or_next_step(model, prefix, memory, src_pad, cache, K, t, return_attention)
-        at_max = (t >= on_device[0]).repeat_interleave(K)  # (copies to a GPU would wait for it too)
-        step = _forced_at(forced, on_device[1], t)
-        logp = _step_log_probs(logits, ends, model.pad_id, at_max,
-                               step.repeat_interleave(K) if step is not None else None)
-        top_scores, top_tok, top_row = _top_candidates(logp, scores, K)
-        is_eos = top_tok == eos_id
-        if trail is not None and attn is not None:
-            trail.add(attn)
-
-        # Finalise eos candidates ranked within the top K (and reachable: finite score).
-        for a, r in (is_eos[:, :K] & torch.isfinite(top_scores[:, :K])).nonzero().tolist():
-            row = int(top_row[a, r])
-            hyp = Hypothesis(prefix[row, 1:].tolist(), float(top_scores[a, r]) / gnmt_penalty(t + 1, alpha))
-            finished[sent_ids[a]].append(hyp)
-            if trail is not None:
-                trail.end(hyp, t, row)
-
-        # New beams: the K best non-eos candidates, in score order (eos ranks pushed last).
-        n_cand = top_tok.size(1)
-        rank = is_eos.long() * n_cand + torch.arange(n_cand, device=device)
-        pick = rank.topk(K, dim=1, largest=False).indices  # (A, K)
-        scores, rows, toks = top_scores.gather(1, pick), top_row.gather(1, pick), top_tok.gather(1, pick)
-        t += 1
-
-        best_live = scores[:, 0].tolist()
-        keep = [a for a, i in enumerate(sent_ids)
-                if not _sentence_done(finished[i], best_live[a], t, max_len[a], K, n_best, alpha, exhaustive)]
-        if len(keep) < len(sent_ids):
-            keep_t = torch.tensor(keep, dtype=torch.long, device=device)
-            rows, scores, toks = rows[keep_t], scores[keep_t], toks[keep_t]
-            sent_ids, max_len = [sent_ids[a] for a in keep], [max_len[a] for a in keep]
-            on_device = on_device[0][keep_t], on_device[1][keep_t]
-            memory, src_pad = memory[keep_t], src_pad[keep_t]
-            cache.reorder(rows.view(-1), cross_index=keep_t)
-        else:  # beams only moved within their sentences: cross-attention K/V stay as they are
-            cache.reorder(rows.view(-1))
-        prefix = torch.cat((prefix[rows.view(-1)], toks.reshape(-1, 1)), dim=1)
-        if trail is not None:
-            trail.moved(rows.view(-1))
-
-    best = [sorted(fins, key=lambda h: h.score, reverse=True)[:n_best] for fins in finished]
-    if trail is not None:
-        _attach_attention(best, trail, sentence_pad)
-    return best

@@ -8,9 +8,8 @@
     >>> engine.translate("I am cold.", tgt_lang="de")  # a model of several target languages
 
 
-`decode_ids` decodes token ids in length-sorted batches and returns hypotheses in input order; which
-search runs (greedy, beam, sampling) is decided by a `DecodingConfig`. Validation during training,
-`evaluate` and `translate` all decode through it, so what a notebook gets is what the CLI prints.
+Every engine here decodes through `decoding/decode.py::decode_ids`, as validation during training does, so
+what a notebook gets is what the CLI prints.
 """
 
 from __future__ import annotations
@@ -26,72 +25,17 @@ import torch
 
 from transformer_mt.checkpoints.store import model_from_checkpoint, word_list
 from transformer_mt.config import DecodingConfig, DeviceConfig
-from transformer_mt.data import length_sorted_batches, pad_sources
 from transformer_mt.data.text_variants import CASES, one_case, sentence_case
-from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Vocabulary
+from transformer_mt.data.tokenizer import Vocabulary
 from transformer_mt.decoding.alignment import source_words, target_words, word_alignment
+from transformer_mt.decoding.decode import decode_ids
 from transformer_mt.decoding.scoring import PairScore, forced_attention, score_pairs
-from transformer_mt.decoding.search import Hypothesis, StopCheck, beam_search, greedy_search, sample
+from transformer_mt.decoding.search import StopCheck
 from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.model import Ensemble, Transformer
-from transformer_mt.runtime.device import Precision, autocast, precision, select_device
+from transformer_mt.runtime.device import Precision, precision, select_device
 
 log = logging.getLogger(__name__)
-
-
-def decode_ids(
-    model: Transformer,
-    src_ids: Sequence[Sequence[int]],
-    decoding: DecodingConfig,
-    device: torch.device,
-    return_attention: bool = False,
-    generator: torch.Generator | None = None,
-    amp: torch.dtype | None = None,
-    prefixes: Sequence[Sequence[int]] | None = None,
-    should_stop: StopCheck | None = None,
-) -> list[list[Hypothesis]]:
-    """Decode token-id sources (without eos) and return each sentence's n-best list, input order kept;
-    under autocast to `amp` when given (the searches score in float32 and float64 all the same). With
-    prefixes (target token ids per sentence), each output starts with its own. should_stop is asked
-    once per decoding step; True ends the decoding with `DecodingStopped`."""
-    was_training = model.training
-    model.eval()
-    results: list[list[Hypothesis]] = [[] for _ in src_ids]
-    try:
-        with autocast(device, amp):
-            for batch in decoding_batches([len(s) for s in src_ids], decoding, device):
-                src = pad_sources([list(src_ids[i]) for i in batch], PAD_ID).to(device)
-                forced = [prefixes[i] for i in batch] if prefixes else None
-                found = _search(model, src, decoding, return_attention, generator, forced, should_stop)
-                for i, hyps in zip(batch, found):
-                    results[i] = hyps
-    finally:
-        model.train(was_training)
-    return results
-
-
-def decoding_batches(lengths: Sequence[int], decoding: DecodingConfig,
-                     device: torch.device) -> list[list[int]]:
-    """The batches `decode_ids` decodes sentences of these source lengths in (indices, shortest first)."""
-    # Beam search holds beam_size rows per sentence: budget the batch by what is really computed.
-    budget = max(1, decoding.batch_tokens_on(device) // (1 if decoding.sampling else decoding.beam_size))
-    return length_sorted_batches(lengths, budget)
-
-
-def _search(model: Transformer, src: torch.Tensor, decoding: DecodingConfig, return_attention: bool,
-            generator: torch.Generator | None, prefixes: Sequence[Sequence[int]] | None,
-            should_stop: StopCheck | None) -> list[list[Hypothesis]]:
-    """The search `decoding` asks for: sampling, greedy (beam 1) or beam search."""
-    ends = dict(bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=decoding.max_len_a, max_len_b=decoding.max_len_b,
-                prefixes=prefixes, should_stop=should_stop)
-    if decoding.sampling:
-        return sample(model, src, temperature=decoding.temperature, top_k=decoding.top_k,
-                      top_p=decoding.top_p, generator=generator, **ends)
-    if decoding.beam_size == 1:
-        return greedy_search(model, src, use_cache=decoding.use_cache, return_attention=return_attention,
-                             **ends)
-    return beam_search(model, src, beam_size=decoding.beam_size, length_penalty=decoding.length_penalty,
-                       n_best=decoding.n_best, return_attention=return_attention, **ends)
 
 
 @dataclass

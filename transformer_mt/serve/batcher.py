@@ -159,9 +159,8 @@ class Batcher:
         deadline = time.monotonic() + timeout_s if timeout_s is not None else math.inf
         job = Job(texts, search, loop.create_future(), loop, prefixes, deadline,
                   cost=self.cost(texts, prefixes, search))
-        with self._cond:
-            if self._waiting and self._waiting + job.cost > self.cfg.max_queue:
-                raise QueueFull(self._waiting, self._retry_after())
+        with self._cond:  # re-entrant: check_room takes it again, and nothing comes between them
+            self.check_room(job.cost)
             self._jobs.append(job)
             self._waiting += job.cost
             self._cond.notify()

@@ -4,7 +4,7 @@ lines). The loss costs about as much per pair as decoding on a CPU: a plan that 
 both to shrink with the sample.
 
 Training validates at each epoch's end and every `training.valid_every_steps`; checkpoint averaging
-validates the averaged weights the same way. Decoding goes through `translator.decode_ids`, the one path
+validates the averaged weights the same way. Decoding goes through `decode.decode_ids`, the one path
 `evaluate` and `translate` use too, with the run's `decoding` settings (greedy by default).
 """
 
@@ -23,9 +23,9 @@ from transformer_mt.checkpoints import store as ckpt
 from transformer_mt.config import DecodingConfig, TrainConfig
 from transformer_mt.data import EncodedSplit, TokenBatchSampler
 from transformer_mt.data.tokenizer import Vocabulary
+from transformer_mt.decoding.decode import decode_ids
 from transformer_mt.decoding.metrics import Scores, improves, mean_scores, score
 from transformer_mt.decoding.search import alignment
-from transformer_mt.decoding.translator import decode_ids
 from transformer_mt.model import Transformer
 from transformer_mt.runtime.device import autocast, precision
 from transformer_mt.training.loss import summed_nll

@@ -11,8 +11,8 @@ import torch
 from transformer_mt.checkpoints.store import build_model
 from transformer_mt.config import DecodingConfig, ModelConfig, SearchConfig
 from transformer_mt.data import EncodedSplit, PreparedData
+from transformer_mt.decoding.decode import decode_ids, decoding_batches
 from transformer_mt.decoding.metrics import score
-from transformer_mt.decoding.translator import decode_ids, decoding_batches
 from transformer_mt.model import Transformer
 from transformer_mt.runtime.rng import rng_state, set_rng_state
 from transformer_mt.training.throughput import synchronize
