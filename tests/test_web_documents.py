@@ -190,7 +190,8 @@ def test_a_long_sentence_is_cut_in_the_page_where_python_cuts_it() -> None:
 
 
 def test_the_page_copies_the_names_the_model_never_met_as_python_does() -> None:
-    words = sorted({w.lower() for text in TEXTS for w in re.findall(r"\w+", text)} - {"paris", "tom", "anna"}
+    seen = {w.casefold() for text in TEXTS for w in re.findall(r"\w+", text)}  # as a checkpoint lists them
+    words = sorted(seen - {"paris", "tom", "anna"}
                    | {"i", "is", "waiting", "for", "you", "at", "the", "station", "met"})
     texts = [*TEXTS, "Yusuf is waiting for you at the station.", "I met Jean-Luc and Tom in Paris.",
              "ZOË AND Ǆemal ARE HERE.", "Write to Yusuf@mail.com at /home/Yusuf."]

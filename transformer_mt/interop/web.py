@@ -103,12 +103,13 @@ def sentence_tokens(state: dict[str, Any], max_positions: int) -> int:
 
 
 def page_words(state: dict[str, Any], src_lang: str | None) -> list[str] | None:
-    """The training words the page tells names by (lowercased; document.names=auto's rule: none for a
-    source language that capitalises its nouns, nor for a checkpoint that lists none)."""
+    """The training words the page tells names by (case folded, as the checkpoint lists them;
+    document.names=auto's rule: none for a source language that capitalises its nouns, nor for a
+    checkpoint that lists none)."""
     words = word_list(state)
     if words is None or (src_lang or "en") in CAPITALISED_NOUNS:
         return None
-    return sorted({w.lower() for w in words})
+    return sorted(words)
 
 
 def export_web(checkpoint: str | Path, output_dir: Path, overwrite: bool = False,

@@ -10,13 +10,14 @@
 
 const escaped = (text) => text.replace(/[\\^$.*+?()[\]{}|/]/g, '\\$&');
 
-// The settings' rules as regular expressions; `words`: the model's training words (lowercased), whose
+// The settings' rules as regular expressions; `words`: the model's training words (case folded), whose
 // absence makes a capitalised word a name to copy (null: no names kept).
 export function compileRules(rules, words = null) {
   const regex = (r, extra = '') => new RegExp(r.source, r.flags + extra);
   return {
     name: regex(rules.name, 'g'),
     known: words ? new Set(words) : null,
+    folds: rules.folds,
     clause: regex(rules.clause, 'g'),
     spaces: regex(rules.spaces, 'g'),
     attached: regex(rules.attached),
@@ -53,9 +54,14 @@ function ordinalAt(text, start, R) {  // `ORDINAL.match(text, start)`
   return R.ordinal.test(text);
 }
 
+// Python's `str.casefold`: each character's folding where it is not its lowercase (the settings' table).
+function casefold(text, R) {
+  return Array.from(text, (c) => R.folds[c] ?? c.toLowerCase()).join('');
+}
+
 // `find_spans` (no user terms, no given ranges): each kind's matches in turn, the first to claim a
 // character keeping it; then, with the training words, the capitalised words that none of them is
-// (compared lowercased, where Python compares case folded).
+// (compared case folded, as Python compares them).
 export function findSpans(text, R) {
   const taken = new Uint8Array(text.length);
   const found = [];
@@ -74,7 +80,7 @@ export function findSpans(text, R) {
     }
   }
   for (const m of R.known ? text.matchAll(R.name) : []) {
-    const unknown = m[0].split('-').some((part) => !R.known.has(part.toLowerCase()));
+    const unknown = m[0].split('-').some((part) => !R.known.has(casefold(part, R)));
     if (/^\p{Lu}/u.test(m[0]) && unknown) claim(m.index, m.index + m[0].length, 'name');
   }
   return found.sort((a, b) => a.start - b.start);

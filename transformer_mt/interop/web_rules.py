@@ -126,6 +126,13 @@ def js_regex(pattern: re.Pattern[str]) -> dict[str, str]:
 
 
 @functools.cache
+def case_folds() -> dict[str, str]:
+    """The characters whose case folding (str.casefold, how training words are compared) is not their
+    lowercase, with their folding: JavaScript has no casefold, and lowercases the others alike."""
+    chars = (chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c <= 0xDFFF)
+    return {c: c.casefold() for c in chars if c.casefold() != c.lower()}
+
+
 def page_rules() -> dict[str, object]:
     """What the page needs to split, mask and restore as the documents layer does."""
     before, after = AROUND_STAND_IN
@@ -144,4 +151,5 @@ def page_rules() -> dict[str, object]:
         "spaces": js_regex(SPACES),
         "attached": {"source": "[" + "".join(f"\\p{{{c}}}" for c in sorted(ATTACHED)) + "]", "flags": "u"},
         "joiners": sorted(JOINERS),
+        "folds": case_folds(),
     }
