@@ -72,6 +72,44 @@ def test_met_and_need_follow_the_output_token_by_token() -> None:
                 assert min(after) <= need - 1, (terms, out)
 
 
+def test_least_never_exceeds_what_the_output_really_took() -> None:
+    """least (what the pruning of hopeless hypotheses trusts) is a true lower bound: wherever a random
+    output meets all its terms, no earlier step claimed more tokens were left than it took."""
+    rng = random.Random(1)
+    alphabet = [4, 5, 6]
+    checked = 0
+    for _ in range(400):
+        terms = random_terms(rng, rng.randint(1, 3), alphabet)
+        c = Constraints.build([terms], CPU)
+        state, claims = TermState.start(c, 1), []
+        for step in range(16):
+            claims.append(int(state.least(c)[0, 0]))
+            assert claims[-1] <= int(state.need(c)[0, 0])
+            state = state.advance(c, torch.tensor([[rng.choice(alphabet)]]))
+            if bool(state.met.all()):
+                assert all(claim <= step + 1 - p for p, claim in enumerate(claims)), (terms, claims)
+                checked += 1
+                break
+    assert checked > 200
+
+
+def test_a_candidate_whose_terms_cannot_fit_before_the_limit_is_dropped() -> None:
+    from transformer_mt.decoding.beam import _top_candidates
+    from transformer_mt.decoding.constrained import TermSearch
+
+    c = Constraints.build([[[[5, 6]]]], CPU)
+    logp = torch.log_softmax(torch.randn(2, 12, generator=torch.Generator().manual_seed(0)), -1)
+    logp[:, [PAD, BOS]] = float("-inf")
+    scores = torch.tensor([[0.0, float("-inf")]], dtype=torch.float64)
+    for room in (1, 2):  # room for one more token after this one: only 5 (then 6) can still make it
+        search = TermSearch(c, 2, EOS)
+        step = search.close_eos(logp.clone())
+        top = _top_candidates(step, scores, 2)
+        score, tok, _ = search.candidates(step, scores, top, torch.tensor([room]))
+        finite = set(tok[torch.isfinite(score)].tolist())
+        assert (finite == {5}) if room == 1 else (5 in finite and len(finite) == 4)
+
+
 # -- an exhaustive reference -------------------------------------------------------------------------------
 REAL = [4, 5, 6]
 
@@ -109,29 +147,34 @@ class Restricted(nn.Module):
         return self.decode(tgt, memory, src_pad)
 
 
-def brute_force(model: nn.Module, src_row: torch.Tensor, terms: list[list[list[int]]], limit: int,
-                alpha: float) -> tuple[list[int], float, int]:
-    """The best output of at most `limit` REAL tokens holding every term, its score, and how many
-    outputs hold them."""
+def valid_outputs(terms: list[list[list[int]]], limit: int) -> list[list[int]]:
+    """Every output of at most `limit` REAL tokens that holds every term."""
     outputs = [list(s) for n in range(limit + 1) for s in itertools.product(REAL, repeat=n)]
-    valid = [s for s in outputs if all(holds(s, t) for t in terms)]
-    scored = [(forced_score(model, src_row, s) / gnmt_penalty(len(s) + 1, alpha), s) for s in valid]
+    return [s for s in outputs if all(holds(s, t) for t in terms)]
+
+
+def brute_force(model: nn.Module, src_row: torch.Tensor, terms: list[list[list[int]]], limit: int,
+                alpha: float) -> tuple[list[int], float]:
+    """The best output of at most `limit` REAL tokens holding every term, and its score."""
+    scored = [(forced_score(model, src_row, s) / gnmt_penalty(len(s) + 1, alpha), s)
+              for s in valid_outputs(terms, limit)]
     score, best = max(scored)
-    return best, score, len(valid)
+    return best, score
 
 
 @pytest.mark.parametrize("alpha", [0.0, 1.0])
 def test_a_beam_holding_every_prefix_finds_the_best_output_with_the_terms(alpha: float) -> None:
     model, rng, limit, K = Restricted(seed=0), random.Random(1), 4, 81  # 81 = 3 ** limit
-    src = source_batch([5, 3, 7, 4], seed=11)
-    terms = [random_terms(rng, rng.randint(1, 2), REAL, longest=2) for _ in range(4)]
-    # two tokens or more, so that fewer than K outputs hold the terms
-    terms = [t if sum(min(map(len, x)) for x in t) >= 2 else t + [[[6]]] for t in terms]
+    src = source_batch([5, 3, 7, 4, 6, 2, 8, 5, 3, 6, 4, 7], seed=11)
+    terms = []
+    while len(terms) < len(src):  # terms fewer than K outputs hold: no sentence stops for K finished ones
+        drawn = random_terms(rng, rng.randint(1, 2), REAL, longest=2)
+        if len(valid_outputs(drawn, limit)) < K:
+            terms.append(drawn)
     found = beam_search(model, src, bos_id=BOS, eos_id=EOS, beam_size=K, length_penalty=alpha, max_len_a=0.0,
                         max_len_b=limit, exhaustive=True, constraints=Constraints.build(terms, CPU))
     for i, hyps in enumerate(found):
-        best, score, n_valid = brute_force(model, src[i], terms[i], limit, alpha)
-        assert n_valid < K  # so no sentence stops for having K finished ones
+        best, score = brute_force(model, src[i], terms[i], limit, alpha)
         assert hyps[0].tokens == best
         assert hyps[0].score == pytest.approx(score, abs=1e-6)
 

@@ -6,12 +6,14 @@ Each step, for the sentences with terms:
 2. the candidates are beam search's usual best 2K, each beam's own best token (so hypotheses that have
    written less of the terms keep a continuation), and each beam's constraint tokens (the next token of
    every variant of an unmet term, and its first token, to start it over);
-3. a candidate is dropped when its `need` no longer fits before the length limit forces <eos>; since
-   some constraint token of every beam lowers `need` by one, a sentence always keeps a hypothesis that
-   can still meet its terms (the limit leaves room for all of them: `limits`);
+3. a candidate is dropped when even the fewest tokens its terms still take (`TermState.least`) no longer
+   fit before the length limit forces <eos>: a hypothesis that cannot finish frees its slot;
 4. the candidates are sorted into banks by how much of the terms they have written (cmin - need), and
    taken in turns: the best of the fullest bank, the best of the next, ..., then the second of each.
    `per_bank` keeps the best of each bank only: greedy search with terms.
+Why every sentence ends with its terms met: the fullest bank's best hypothesis always takes the first
+slot, and one of its constraint tokens lowers `need` by one, so the fullest bank rises by one a step until
+all terms are met, at most cmin steps after the prefix; the limit leaves that room (`limits`).
 Sentences without terms take beam search's own best 2K, untouched: their output is the unconstrained
 one (per bank, the best candidate: greedy search's).
 """
@@ -117,10 +119,10 @@ class TermSearch:
 
         beam = row - torch.arange(A, device=row.device)[:, None] * K
         state = self.state.select(beam).advance(self.c, tok)
-        need = state.need(self.c)
         eos = tok == self.eos_id
-        score = score.masked_fill(~eos & (need > room[:, None]), NEG_INF)
-        order, live = _stripe(score, self.c.cmin[:, None] - need, eos, self.n_banks, self.per_bank)
+        score = score.masked_fill(~eos & (state.least(self.c) > room[:, None]), NEG_INF)
+        bank = self.c.cmin[:, None] - state.need(self.c)
+        order, live = _stripe(score, bank, eos, self.n_banks, self.per_bank)
         score = score.gather(1, order).masked_fill(~live, NEG_INF)
         n = top[0].size(1)
         # Sentences without terms: beam search's own choice (per bank: their one bank's best, i.e. greedy)

@@ -182,6 +182,17 @@ class TermState:
         credit = saved.masked_fill(~open_variant, 0).amax(-1).clamp(min=0)
         return total - credit
 
+    def least(self, c: Constraints) -> Tensor:
+        """(A, R) tokens any completion takes at least: for the unmet term furthest from being written,
+        the rest of its most advanced variant (KMP progress is the longest suffix of the output that
+        starts the variant, so no placement of it ends sooner). `need` can overstate what terms that
+        overlap take (`a b` and `b c` are both in `a b c`); this never does."""
+        J = c.minlen.size(1)
+        writes = (c.term[..., None] == torch.arange(J, device=c.term.device)) & (c.length > 0)[..., None]
+        rest = (c.length[:, None] - self.prog)[..., None]  # (A, R, M, 1)
+        fewest = torch.where(writes[:, None], rest, c.seq.size(2)).amin(2)  # (A, R, J) per term
+        return fewest.masked_fill(self.met, 0).amax(-1)
+
     def select(self, index: Tensor) -> TermState:
         """The hypotheses index (A, R') of each sentence."""
         return TermState(self.prog.gather(1, index[..., None].expand(-1, -1, self.prog.size(2))),
