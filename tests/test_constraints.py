@@ -344,3 +344,16 @@ def test_bank_greedy_places_a_term_where_the_model_wants_it() -> None:
     assert one.tokens == [T] and one.score == pytest.approx(math.log(0.3), abs=1e-6)
     best = bank_greedy_search(stub, src, c, bos_id=BOS, eos_id=EOS)[0][0]
     assert best.tokens == [X, T] and best.score == pytest.approx(math.log(0.63), abs=1e-6)
+
+
+def test_the_search_stops_only_when_no_beam_can_win() -> None:
+    """Beams are in bank turns, not in score order: beam 0 is the fullest bank's best. Here, after A eos
+    (p .3) finished, beam 0 is X Y A (p .007) while X Y W (p .69) is live and goes on to X Y W A eos
+    (p .68): judging by beam 0 would stop with A."""
+    A, X, Y, W = 4, 5, 6, 7
+    stub = TableModel(table({BOS: {A: 0.3, X: 0.7}, A: {EOS: 1.0}, X: {Y: 0.999, A: 0.001},
+                             Y: {W: 0.99, A: 0.01}, W: {A: 0.99, EOS: 0.01}}))
+    best = beam_search(stub, torch.tensor([[7, 7, EOS]]), bos_id=BOS, eos_id=EOS, beam_size=4,
+                       length_penalty=0.0, constraints=Constraints.build([[[[A]]]], CPU))[0][0]
+    assert best.tokens == [X, Y, W, A]
+    assert best.score == pytest.approx(math.log(0.7 * 0.999 * 0.99 * 0.99), abs=1e-6)
