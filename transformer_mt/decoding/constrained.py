@@ -88,7 +88,10 @@ class TermSearch:
     """The terms of the live sentences and the state of their beams, carried through beam search."""
 
     def __init__(self, c: Constraints, beams: int, eos_id: int, per_bank: bool = False) -> None:
-        self.c, self.K, self.eos_id, self.per_bank = c, beams, eos_id, per_bank
+        self.c = c
+        self.K = beams
+        self.eos_id = eos_id
+        self.per_bank = per_bank  # keep each bank's best only (bank_greedy_search)
         self.state = TermState.start(c, beams)
         self.chosen = self.state  # the states of the last step's candidates
         self.n_banks = int(c.cmin.max()) + 1  # read once: banks are 0..cmin
