@@ -8,12 +8,15 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
-from transformer_mt.config import TokenizerConfig
-from transformer_mt.data.tokenizer import UNK_ID, train_tokenizers
+from transformer_mt.config import DecodingConfig, ModelConfig, TokenizerConfig
+from transformer_mt.data.tokenizer import PAD_ID, UNK_ID, train_tokenizers
 from transformer_mt.decoding.constraints import fit_terms, term_variants
+from transformer_mt.decoding.decode import decode_ids
 from transformer_mt.decoding.glossary import Glossary
 from transformer_mt.errors import DataError
+from transformer_mt.model import Transformer
 
 
 def write(tmp_path: Path, data: bytes) -> Path:
@@ -162,3 +165,25 @@ def test_terms_beyond_the_room_are_refused_never_dropped_silently() -> None:
     assert kept == [0, 1, 3]
     assert [r.index for r in refused] == [2] and "need 8 target tokens" in refused[0].reason
     assert sorted(kept + [r.index for r in refused]) == list(range(len(terms)))
+
+
+@pytest.mark.parametrize("kind", ["bpe", "wordlevel"])
+def test_glossary_targets_come_out_in_the_translation(kind: str) -> None:
+    """From the file to the text: source terms found, their targets' variants forced through decode_ids
+    (an untrained model), the decoded text holds each target term."""
+    vocab = train_tokenizers(TokenizerConfig(kind=kind, vocab_size=400, min_frequency=1), EN, FR)
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_heads=4, d_ff=64, encoder_layers=1, decoder_layers=1, dropout=0.0,
+                      max_positions=64)
+    model = Transformer(cfg, vocab.src_vocab_size, vocab.tgt_vocab_size, PAD_ID).eval()
+    pairs = [("laser printer", "imprimante laser"), ("ink", "encre"), ("printer", "imprimante")]
+    glossary = Glossary.of(pairs)
+    texts = ["The laser printer is broken", "Black ink for this printer", "New laser printer and ink"]
+    targets = [[m.entry.target for m in glossary.find(t)] for t in texts]
+    assert targets == [["imprimante laser"], ["encre", "imprimante"], ["imprimante laser", "encre"]]
+    terms = [[term_variants(vocab, target) for target in row] for row in targets]
+    for decoding in (DecodingConfig(beam_size=1), DecodingConfig(beam_size=3)):
+        found = decode_ids(model, vocab.encode_src(texts), decoding, torch.device("cpu"), terms=terms)
+        for hyps, row in zip(found, targets, strict=True):
+            text = vocab.decode_tgt([hyps[0].tokens])[0].lower()
+            assert all(target in text for target in row), (text, row)
