@@ -11,9 +11,10 @@ Each step, for the sentences with terms:
 4. the candidates are sorted into banks by how much of the terms they have written (cmin - need), and
    taken in turns: the best of the fullest bank, the best of the next, ..., then the second of each.
    `per_bank` keeps the best of each bank only: greedy search with terms.
-Why every sentence ends with its terms met: the fullest bank's best hypothesis always takes the first
-slot, and one of its constraint tokens lowers `need` by one, so the fullest bank rises by one a step until
-all terms are met, at most cmin steps after the prefix; the limit leaves that room (`limits`).
+Why every sentence ends with its terms met: the fullest bank's best candidate always comes first (a beam,
+or a finished hypothesis if it is <eos>), and one of its beam's constraint tokens lowers `need` by one, so
+the fullest bank rises by one a step until all terms are met, at most cmin steps after the prefix; the
+limit leaves that room (`limits`).
 Sentences without terms take beam search's own best 2K, untouched: their output is the unconstrained
 one (per bank, the best candidate: greedy search's).
 """

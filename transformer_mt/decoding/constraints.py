@@ -8,12 +8,13 @@ The state is tensors, so a search step costs no host read:
 - per sentence (`Constraints`, built once per batch): each variant's tokens and its KMP automaton (so
   `a a b` is found in `a a a b`), the term it writes, and each term's shortest variant (`minlen`);
 - per hypothesis (`TermState`): each variant's progress (tokens of it just written) and each term's met
-  flag. `need` is how many tokens the cheapest completion still takes (all unmet terms written in full,
-  less what the most advanced partial match saves): 0 exactly when every term is met. It never goes up by
-  more than what a broken partial match had saved, and writing the next token of the partial match that
-  gives the saving (or the first token of a shortest unmet variant) lowers it by at least one: that is
-  what lets the search guarantee each sentence meets its terms before its length limit
-  (`decoding/constrained.py`).
+  flag. `need` is the tokens of one way to complete them (all unmet terms written apart, less what the
+  most advanced partial match saves): 0 exactly when every term is met, and more than the cheapest way
+  when terms can overlap (`a b` and `b c` both fit in `a b c`). Writing the next token of the partial
+  match that gives the saving (or the first token of a shortest unmet variant) lowers it by at least
+  one: that is what lets the search guarantee each sentence meets its terms before its length limit
+  (`decoding/constrained.py`). `least` bounds the cheapest way from below, so pruning by it never drops
+  a hypothesis that could still finish.
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ class TermState:
         return cls(torch.zeros(A, rows, M, dtype=torch.long, device=c.seq.device), met)
 
     def need(self, c: Constraints) -> Tensor:
-        """(A, R) tokens the cheapest completion still takes, as the module docstring defines it."""
+        """(A, R) tokens a completion takes writing the unmet terms apart (the module docstring)."""
         unmet = ~self.met
         total = (c.minlen[:, None] * unmet).sum(-1)
         open_variant = unmet.gather(-1, c.term[:, None].expand_as(self.prog)) & (c.length > 0)[:, None]
