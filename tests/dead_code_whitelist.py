@@ -75,3 +75,7 @@ _.handle_pi
 _.unknown_decl
 attrs
 decl
+# Issue 62's target terms: what the translator calls once glossaries are wired to it (a term's token
+# variants, the terms a sentence's positions can hold); tests/test_glossary.py uses them until then.
+term_variants
+fit_terms

@@ -1,7 +1,9 @@
 """Batched beam search (fairseq-style) over `transformer_mt.model.Transformer`, with the KV cache.
 
 The rules it shares with greedy search and the CTranslate2 engine (the length limit, the GNMT length
-penalty, the per-step log-probs with forced prefixes and <eos>) are in `decoding/search.py`.
+penalty, the per-step log-probs with forced prefixes and <eos>) are in `decoding/search.py`. With target
+terms (a glossary), each step's candidates are chosen by `decoding/constrained.py`; greedy search with
+terms is `bank_greedy_search`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from torch import Tensor
 
 from transformer_mt.config import DecodingConfig
 from transformer_mt.decoding.attention_trail import AttentionTrail
+from transformer_mt.decoding.constrained import TermSearch, limits
+from transformer_mt.decoding.constraints import Constraints
 from transformer_mt.decoding.search import (
     DEFAULT,
     DecodingStopped,
@@ -30,11 +34,14 @@ from transformer_mt.model import DecoderCache, Transformer
 
 
 def _first_or_next_step(model: Transformer, prefix: Tensor, memory: Tensor, src_pad: Tensor,
-                        cache: DecoderCache, K: int, t: int,
+                        cache: DecoderCache | None, K: int, t: int,
                         need_attention: bool) -> tuple[Tensor, Tensor | None]:
     """Logits (A*K, V) of every beam's next token. Before the first token the K beams of a sentence
     are identical: decode one row per sentence, then give each beam a copy of its self-attention
-    state. Memory and cross-attention K/V keep one row per sentence, shared by its beams."""
+    state. Memory and cross-attention K/V keep one row per sentence, shared by its beams. Without a
+    cache (the slow reference) every step decodes each beam's whole prefix."""
+    if cache is None:
+        return decode_step(model, prefix, memory, src_pad, None, need_attention)
     if t > 0:
         return decode_step(model, prefix[:, -1:], memory, src_pad, cache, need_attention)
     logits, attn = decode_step(model, prefix[::K, -1:], memory, src_pad, cache, need_attention)
@@ -59,6 +66,23 @@ def _top_candidates(logp: Tensor, scores: Tensor, K: int) -> tuple[Tensor, Tenso
     return top_scores, top_tok, top_row
 
 
+def _choose(logp: Tensor, scores: Tensor, K: int, terms: TermSearch | None,
+            room: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The step's candidates (scores, tokens, rows of A*K), each (A, 2K): the best 2K, or with terms the
+    constrained choice (`decoding/constrained.py`; room (A,): tokens each sentence may still write)."""
+    if terms is None:
+        return _top_candidates(logp, scores, K)
+    logp = terms.close_eos(logp)
+    return terms.candidates(logp, scores, _top_candidates(logp, scores, K), room)
+
+
+def _new_beams(is_eos: Tensor, K: int) -> Tensor:
+    """Which candidates (A, K) become the new beams: the first K non-eos ones, in candidate order."""
+    n_cand = is_eos.size(1)
+    rank = is_eos.long() * n_cand + torch.arange(n_cand, device=is_eos.device)
+    return rank.topk(K, dim=1, largest=False).indices
+
+
 def _sentence_done(finished: list[Hypothesis], best_live: float, t: int, max_len: int, K: int,
                    n_best: int, alpha: float, exhaustive: bool) -> bool:
     """Done when K hypotheses finished, at max length, or when the best live beam cannot beat the
@@ -73,6 +97,15 @@ def _sentence_done(finished: list[Hypothesis], best_live: float, t: int, max_len
     if exhaustive:  # a live beam ends at a length in [t + 1, max_len + 1]; lp is monotone
         lp = max(lp, gnmt_penalty(max_len + 1, alpha))
     return best_live / lp <= nth
+
+
+def _n_best(finished: list[list[Hypothesis]], n_best: int, trail: AttentionTrail | None,
+            src_pad: Tensor) -> list[list[Hypothesis]]:
+    """Each sentence's n_best finished hypotheses, best first, with their attention when it was kept."""
+    best = [sorted(fins, key=lambda h: h.score, reverse=True)[:n_best] for fins in finished]
+    if trail is not None:
+        _attach_attention(best, trail, src_pad)
+    return best
 
 
 def _attach_attention(best: list[list[Hypothesis]], trail: AttentionTrail, src_pad: Tensor) -> None:
@@ -101,16 +134,17 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
                 beam_size: int = DEFAULT.beam_size, length_penalty: float = DEFAULT.length_penalty,
                 max_len_a: float = DEFAULT.max_len_a, max_len_b: int = DEFAULT.max_len_b,
                 n_best: int = DEFAULT.n_best, return_attention: bool = False, exhaustive: bool = False,
-                prefixes: Sequence[Sequence[int]] | None = None,
+                prefixes: Sequence[Sequence[int]] | None = None, use_cache: bool = True,
+                constraints: Constraints | None = None, per_bank: bool = False,
                 should_stop: StopCheck | None = None) -> list[list[Hypothesis]]:
     """Batched beam search (fairseq-style) returning the n_best hypotheses per sentence.
 
     The batch is flattened to (A * K) rows, A live sentences × K beams. Each step takes the top 2K
-    continuations per sentence; eos among the top K are finalised with score
-    logprob_sum / lp(len(tokens) + 1), the first K non-eos ones become the new beams. K=1 is exactly
-    greedy. Done sentences (`_sentence_done`) leave the batch and the cache. With prefixes, every beam
-    of a sentence starts with its prefix's token ids (one live beam until the prefix ends).
-    """
+    continuations per sentence; eos among the top K are finalised with score logprob_sum / lp(len(tokens)
+    + 1), the first K non-eos ones become the new beams. K=1 is exactly greedy. Done sentences leave the
+    batch and the cache. With prefixes, every beam of a sentence starts with its prefix's token ids. With
+    constraints (target terms), every hypothesis holds its sentence's terms (per_bank: `bank_greedy_search`).
+    use_cache=False: the slow reference."""
     DecodingConfig(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a,
                    max_len_b=max_len_b, n_best=n_best).check()
     K, alpha, ends, device = beam_size, length_penalty, Ends(bos_id, eos_id, max_len_a, max_len_b), src.device
@@ -118,9 +152,10 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
     memory, src_pad = model.encode(src)  # once per sentence: (A, S, d), (A, S)
     sentence_pad = src_pad  # (B, S), kept for the attention of sentences that leave the batch
     forced = forced_tokens(prefixes, B, device)
-    max_len = ends.limits(model, src, forced)  # (A,)
+    max_len = limits(ends.limits(model, src, forced), forced, constraints, model.config.max_positions)  # (A,)
+    terms = None if constraints is None else TermSearch(constraints, K, eos_id, per_bank)
     on_device = torch.tensor(max_len, device=device), torch.arange(B, device=device)  # max_len, sent_ids
-    cache = model.new_cache()
+    cache = model.new_cache() if use_cache else None
     sent_ids = list(range(B))  # original index of each live sentence
     scores = torch.zeros(B, K, dtype=torch.float64, device=device)
     scores[:, 1:] = float("-inf")  # all beams start identical: expand only beam 0 at first
@@ -137,21 +172,20 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
         step = forced_at(forced, on_device[1], t)
         logp = step_log_probs(logits, ends, model.pad_id, at_max,
                                step.repeat_interleave(K) if step is not None else None)
-        top_scores, top_tok, top_row = _top_candidates(logp, scores, K)
+        top_scores, top_tok, top_row = _choose(logp, scores, K, terms, on_device[0] - t - 1)
         is_eos = top_tok == eos_id
         if trail is not None and attn is not None:
             trail.add(attn)
 
         _finalise(is_eos, top_scores, top_row, prefix, t, alpha, [finished[i] for i in sent_ids], trail)
 
-        # New beams: the K best non-eos candidates, in score order (eos ranks pushed last).
-        n_cand = top_tok.size(1)
-        rank = is_eos.long() * n_cand + torch.arange(n_cand, device=device)
-        pick = rank.topk(K, dim=1, largest=False).indices  # (A, K)
+        pick = _new_beams(is_eos, K)
         scores, rows, toks = top_scores.gather(1, pick), top_row.gather(1, pick), top_tok.gather(1, pick)
+        if terms is not None:
+            terms.picked(pick)
         t += 1
 
-        best_live = scores[:, 0].tolist()
+        best_live = scores.max(1).values.tolist()  # with terms, beams are in bank turns, not score order
         keep = [a for a, i in enumerate(sent_ids)
                 if not _sentence_done(finished[i], best_live[a], t, max_len[a], K, n_best, alpha, exhaustive)]
         if len(keep) < len(sent_ids):
@@ -160,14 +194,30 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
             sent_ids, max_len = [sent_ids[a] for a in keep], [max_len[a] for a in keep]
             on_device = on_device[0][keep_t], on_device[1][keep_t]
             memory, src_pad = memory[keep_t], src_pad[keep_t]
-            cache.reorder(rows.view(-1), cross_index=keep_t)
-        else:  # beams only moved within their sentences: cross-attention K/V stay as they are
+            if cache is not None:
+                cache.reorder(rows.view(-1), cross_index=keep_t)
+            if terms is not None:
+                terms.kept(keep_t)
+        elif cache is not None:  # beams only moved within their sentences: cross-attention K/V stay
             cache.reorder(rows.view(-1))
         prefix = torch.cat((prefix[rows.view(-1)], toks.reshape(-1, 1)), dim=1)
         if trail is not None:
             trail.moved(rows.view(-1))
 
-    best = [sorted(fins, key=lambda h: h.score, reverse=True)[:n_best] for fins in finished]
-    if trail is not None:
-        _attach_attention(best, trail, sentence_pad)
-    return best
+    return _n_best(finished, n_best, trail, sentence_pad)
+
+
+def bank_greedy_search(model: Transformer, src: Tensor, constraints: Constraints, *, bos_id: int,
+                       eos_id: int, max_len_a: float = DEFAULT.max_len_a, max_len_b: int = DEFAULT.max_len_b,
+                       return_attention: bool = False, prefixes: Sequence[Sequence[int]] | None = None,
+                       use_cache: bool = True,
+                       should_stop: StopCheck | None = None) -> list[list[Hypothesis]]:
+    """Greedy search with target terms: the best hypothesis of each bank (each amount of the terms
+    written), ranked by the log-prob sum as greedy's are. One beam would write the terms first, in
+    order, whatever the model prefers (the fullest bank takes the only slot); greedy with <eos> closed
+    would append them where the model wanted to stop. C+1 beams (C: the most tokens a sentence's terms
+    take) is the smallest search where each bank holds a hypothesis; with C = 0 it is greedy search."""
+    return beam_search(model, src, bos_id=bos_id, eos_id=eos_id, beam_size=int(constraints.cmin.max()) + 1,
+                       length_penalty=0.0, max_len_a=max_len_a, max_len_b=max_len_b, n_best=1,
+                       return_attention=return_attention, prefixes=prefixes, use_cache=use_cache,
+                       constraints=constraints, per_bank=True, should_stop=should_stop)

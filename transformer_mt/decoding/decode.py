@@ -14,7 +14,8 @@ import torch
 from transformer_mt.config import DecodingConfig
 from transformer_mt.data import length_sorted_batches, pad_sources
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt.decoding.beam import beam_search
+from transformer_mt.decoding.beam import bank_greedy_search, beam_search
+from transformer_mt.decoding.constraints import Constraints, TermIds
 from transformer_mt.decoding.search import Hypothesis, StopCheck, greedy_search, sample
 from transformer_mt.model import Transformer
 from transformer_mt.runtime.device import autocast
@@ -30,10 +31,13 @@ def decode_ids(
     amp: torch.dtype | None = None,
     prefixes: Sequence[Sequence[int]] | None = None,
     should_stop: StopCheck | None = None,
+    terms: Sequence[Sequence[TermIds]] | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode token-id sources (without eos) and return each sentence's n-best list, input order kept;
     under autocast to `amp` when given (the searches score in float32 and float64 all the same). With
-    prefixes (target token ids per sentence), each output starts with its own. should_stop is asked
+    prefixes (target token ids per sentence), each output starts with its own. With terms (per
+    sentence, its target terms, each the ids of its variants: `constraints.term_variants`, kept by
+    `constraints.fit_terms`), every output holds each of its sentence's terms. should_stop is asked
     once per decoding step; True ends the decoding with `DecodingStopped`."""
     was_training = model.training
     model.eval()
@@ -43,7 +47,8 @@ def decode_ids(
             for batch in decoding_batches([len(s) for s in src_ids], decoding, device):
                 src = pad_sources([list(src_ids[i]) for i in batch], PAD_ID).to(device)
                 forced = [prefixes[i] for i in batch] if prefixes else None
-                found = _search(model, src, decoding, return_attention, generator, forced, should_stop)
+                hard = [terms[i] for i in batch] if terms else None
+                found = _search(model, src, decoding, return_attention, generator, forced, should_stop, hard)
                 for i, hyps in zip(batch, found):
                     results[i] = hyps
     finally:
@@ -61,15 +66,49 @@ def decoding_batches(lengths: Sequence[int], decoding: DecodingConfig,
 
 def _search(model: Transformer, src: torch.Tensor, decoding: DecodingConfig, return_attention: bool,
             generator: torch.Generator | None, prefixes: Sequence[Sequence[int]] | None,
-            should_stop: StopCheck | None) -> list[list[Hypothesis]]:
+            should_stop: StopCheck | None,
+            terms: Sequence[Sequence[TermIds]] | None = None) -> list[list[Hypothesis]]:
     """The search `decoding` asks for: sampling, greedy (beam 1) or beam search."""
     ends = dict(bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=decoding.max_len_a, max_len_b=decoding.max_len_b,
                 prefixes=prefixes, should_stop=should_stop)
+    terms = terms if terms and any(terms) else None  # no term at all: the searches as they are without
     if decoding.sampling:
+        if terms is not None:
+            raise ValueError("target terms need beam or greedy search, not sampling")
         return sample(model, src, temperature=decoding.temperature, top_k=decoding.top_k,
                       top_p=decoding.top_p, generator=generator, **ends)
+    if decoding.beam_size == 1 and terms is not None:
+        return _greedy_with_terms(model, src, decoding, return_attention, prefixes, should_stop, terms)
     if decoding.beam_size == 1:
         return greedy_search(model, src, use_cache=decoding.use_cache, return_attention=return_attention,
                              **ends)
+    constraints = Constraints.build(terms, src.device) if terms is not None else None
     return beam_search(model, src, beam_size=decoding.beam_size, length_penalty=decoding.length_penalty,
-                       n_best=decoding.n_best, return_attention=return_attention, **ends)
+                       n_best=decoding.n_best, return_attention=return_attention, constraints=constraints,
+                       **ends)
+
+
+def _greedy_with_terms(model: Transformer, src: torch.Tensor, decoding: DecodingConfig,
+                       return_attention: bool, prefixes: Sequence[Sequence[int]] | None,
+                       should_stop: StopCheck | None,
+                       terms: Sequence[Sequence[TermIds]]) -> list[list[Hypothesis]]:
+    """Greedy search of a batch where some sentences have terms: those without run `greedy_search` as
+    they would without any, those with run `bank_greedy_search`, each group in a batch of its own."""
+    found: list[list[Hypothesis]] = [[] for _ in terms]
+    for with_terms in (False, True):
+        rows = [i for i, t in enumerate(terms) if bool(t) == with_terms]
+        if not rows:
+            continue
+        part = src[rows]
+        part = part[:, : max(1, int((part != PAD_ID).sum(1).max()))]  # right-padded: drop the spare columns
+        ends = dict(bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=decoding.max_len_a, max_len_b=decoding.max_len_b,
+                    prefixes=[prefixes[i] for i in rows] if prefixes else None, should_stop=should_stop,
+                    use_cache=decoding.use_cache, return_attention=return_attention)
+        if with_terms:
+            hyps = bank_greedy_search(model, part, Constraints.build([terms[i] for i in rows], src.device),
+                                      **ends)
+        else:
+            hyps = greedy_search(model, part, **ends)
+        for i, h in zip(rows, hyps, strict=True):
+            found[i] = h
+    return found
