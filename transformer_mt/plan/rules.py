@@ -14,11 +14,11 @@ FEWEST_VALID_SENTENCES = 100
 UPDATES_PER_TOKEN = 1.0  # the batch rule's line: updates per token of a batch, where the larger batch pays
 EMA_UPDATES = 2000  # an EMA of decay 0.999 averages ~1,000 updates: with fewer it holds early weights
 # data/variants.py. No capitals: translation folds ALL CAPS to sentence case (decoding.input_case), and
-# training on them costs text as written more than the runs' spread (docs/input-variants.md). Names and
-# numbers substituted and pairs joined: what the model copies and how many sentences a line it keeps
-# when nothing splits its input (docs/documents.md)
-VARIANTS = {"caps": 0.0, "title": 0.0, "lower": 0.1, "no_punct": 0.1, "typos": 0.5, "substitute": 0.5,
-            "join": 0.2}
+# training on them costs text as written more than the runs' spread (docs/input-variants.md). No names
+# and numbers substituted, no pairs joined: through the documents layer, which splits sentences and
+# keeps spans, they gain nothing and cost text as written (docs/documents.md)
+VARIANTS = {"caps": 0.0, "title": 0.0, "lower": 0.1, "no_punct": 0.1, "typos": 0.5, "substitute": 0.0,
+            "join": 0.0}
 VARIANTS_WHY = "input as people type and write it: docs/input-variants.md, docs/documents.md"
 
 
