@@ -47,6 +47,7 @@ from transformer_mt.tables import markdown_table
 HOSTILE = ("attention", "surrogate", "prefix", "hang-up", "slow body", "items bomb", "keys bomb",
            "never reads")
 BODY_BYTES = 800_000  # the bombs' size: under the default body limit (833,536 bytes)
+TCP_CLOSE_WAIT = 8  # tcp_states.h: the peer has closed its side
 TIMEOUT = 120.0  # a client's socket timeout: a well-formed request may wait behind a full queue
 
 
@@ -170,23 +171,39 @@ def _slow_body(host: str, port: int, seconds: float) -> str:
 
 def _never_reads(host: str, port: int, long_text: str, end: float) -> str:
     """Ask for an answer of megabytes (eight texts, attention per layer and head), read none of it, and hold
-    the connection until the server drops it (its send timeout) or the load ends."""
+    the connection until the server drops it (its send timeout) or the load ends. Says what came of it:
+    the answer's status as far as it arrived (peeked at, never read), and whether the server reset the
+    connection, closed it, or held it to the end."""
     body = json.dumps({"text": [long_text[:300]] * 8, "attention": "heads"}).encode()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
         sock.settimeout(10)
         sock.connect((host, port))
         sock.sendall(_head(host, len(body)) + body)
+        status = "no answer"
         while time.monotonic() < end:
             try:  # a peek that takes nothing off the buffer: the server sees a client that never reads
-                if not sock.recv(1, socket.MSG_PEEK):
-                    return "dropped by the server"
+                head = sock.recv(12, socket.MSG_PEEK)
             except TimeoutError:
-                pass
+                head = None
             except OSError:
-                return "dropped by the server"
+                return f"{status}, reset by the server"
+            if head == b"":
+                return f"{status}, closed by the server"
+            if head and head.startswith(b"HTTP/1.1 ") and len(head) == 12:
+                status = head[9:12].decode()
+            if _peer_closed(sock):  # its FIN behind the unread answer: recv would still find data
+                return f"{status}, closed by the server"
             time.sleep(1.0)
-    return "held to the end"
+    return f"{status}, held to the end"
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """Whether the server has closed its side (Linux's TCP_INFO says CLOSE_WAIT); False where unknown."""
+    try:
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == TCP_CLOSE_WAIT
+    except (AttributeError, OSError):
+        return False
 
 
 def watch(host: str, port: int, pid: int, stop: threading.Event, out: dict[str, Any]) -> None:

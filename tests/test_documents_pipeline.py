@@ -60,6 +60,8 @@ KNOWN = frozenset("i met tom and at the is waiting for you station car in o jean
     ("YUSUF IS WAITING.", ["YUSUF"]),
     ("yusuf is waiting.", []),  # not capitalised: a word to translate, misspelt perhaps
     ("Write to Yusuf@mail.com at /home/Yusuf.", []),  # inside an address or a path: theirs
+    ("I met José María and Yusuf  Ali in Paris.", ["José María", "Yusuf", "Ali"]),  # one space: one name
+    ("I met Tom Yusuf Ali.", ["Yusuf Ali"]),
 ])
 def test_a_capitalised_word_no_training_pair_held_is_a_name(text: str, names: list[str]) -> None:
     assert [s.of(text) for s in find_spans(text, known=KNOWN) if s.kind == "name"] == names

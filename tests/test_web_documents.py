@@ -194,7 +194,8 @@ def test_the_page_copies_the_names_the_model_never_met_as_python_does() -> None:
     words = sorted(seen - {"paris", "tom", "anna"}
                    | {"i", "is", "waiting", "for", "you", "at", "the", "station", "met"})
     texts = [*TEXTS, "Yusuf is waiting for you at the station.", "I met Jean-Luc and Tom in Paris.",
-             "ZOË AND Ǆemal ARE HERE.", "Write to Yusuf@mail.com at /home/Yusuf."]
+             "ZOË AND Ǆemal ARE HERE.", "Write to Yusuf@mail.com at /home/Yusuf.",
+             "I met José María and Yusuf  Ali, Straße Jean-Luc."]
     answer = run_node({**_empty(), "words": words, "names": texts})
     for text, found in zip(texts, answer["names"]):
         expected = [[s.kind, s.start, s.end] for s in find_spans(text, known=frozenset(words))]

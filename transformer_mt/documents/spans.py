@@ -99,9 +99,15 @@ def find_spans(text: str, terms: Sequence[str] = (), given: Iterable[tuple[int, 
             if kind == "number" and ORDINAL.match(text, m.start()):
                 continue  # "2nd" is a word to translate ("2e"), not a number to copy
             claim(m.start(), end, kind)
+    names: list[list[int]] = []  # names one space apart are one ("José María"): the model keeps their order
     for m in NAME_WORD.finditer(text) if known is not None else ():
         if m.group()[0].isupper() and any(part.casefold() not in known for part in m.group().split("-")):
-            claim(m.start(), m.end(), "name")
+            if names and text[names[-1][1]:m.start()] == " ":
+                names[-1][1] = m.end()
+            else:
+                names.append([m.start(), m.end()])
+    for start, end in names:
+        claim(start, end, "name")
     return sorted(found, key=lambda s: s.start)
 
 

@@ -79,10 +79,15 @@ export function findSpans(text, R) {
       claim(start, end, kind);
     }
   }
+  const names = [];  // names one space apart are one ("José María"), as in Python
   for (const m of R.known ? text.matchAll(R.name) : []) {
     const unknown = m[0].split('-').some((part) => !R.known.has(casefold(part, R)));
-    if (/^\p{Lu}/u.test(m[0]) && unknown) claim(m.index, m.index + m[0].length, 'name');
+    if (!(/^\p{Lu}/u.test(m[0]) && unknown)) continue;
+    const last = names[names.length - 1];
+    if (last && text.slice(last[1], m.index) === ' ') last[1] = m.index + m[0].length;
+    else names.push([m.index, m.index + m[0].length]);
   }
+  for (const [start, end] of names) claim(start, end, 'name');
   return found.sort((a, b) => a.start - b.start);
 }
 
