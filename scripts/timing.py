@@ -96,12 +96,21 @@ def matmul_peak_gflops(device: torch.device, dtype: torch.dtype, n: int, repeats
     return 2 * n**3 / best / 1e9
 
 
-def best_of_rounds(runs: dict[str, Callable[[], object]], rounds: int) -> dict[str, tuple[float, object]]:
-    """Fastest wall time (and output) of each run over `rounds` interleaved rounds.
+def timed_rounds(runs: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    """Wall times of each run in each of `rounds` interleaved rounds: each round runs every setting once,
+    so a slow drift of a shared machine hits all of them alike, and a round's times compare in pairs."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return times
 
-    Each round runs every setting once, so a slow drift of a shared machine hits all of them
-    alike; the minimum is the least disturbed measurement (the `timeit` convention).
-    """
+
+def best_of_rounds(runs: dict[str, Callable[[], object]], rounds: int) -> dict[str, tuple[float, object]]:
+    """Fastest wall time (and output) of each run over `rounds` interleaved rounds (as `timed_rounds`);
+    the minimum is the least disturbed measurement (the `timeit` convention)."""
     best: dict[str, tuple[float, object]] = {}
     for _ in range(rounds):
         for name, run in runs.items():
