@@ -2,7 +2,7 @@
 alone, one a line through the documents layer, and as paragraphs of several sentences through it, in
 one run with the same batch settings.
 
-    python scripts/benchmark_documents.py saved_weights/<run> [--sentences 1000] [--rounds 3] [--out f.json]
+    python scripts/benchmark_documents.py saved_weights/<run> [--sentences 1000] [--rounds 5] [--out f.json]
 
 Paragraphs hold 2 to 5 consecutive sentences (seeded), joined with a space. The target: paragraphs at no
 less than 90% of the sentences per second of the engine one a line. Sentences per second are the best of
