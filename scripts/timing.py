@@ -11,7 +11,7 @@ import os
 import platform
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -96,29 +96,31 @@ def matmul_peak_gflops(device: torch.device, dtype: torch.dtype, n: int, repeats
     return 2 * n**3 / best / 1e9
 
 
-def timed_rounds(runs: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
-    """Wall times of each run in each of `rounds` interleaved rounds: each round runs every setting once,
-    so a slow drift of a shared machine hits all of them alike, and a round's times compare in pairs."""
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    return times
-
-
-def best_of_rounds(runs: dict[str, Callable[[], object]], rounds: int) -> dict[str, tuple[float, object]]:
-    """Fastest wall time (and output) of each run over `rounds` interleaved rounds (as `timed_rounds`);
-    the minimum is the least disturbed measurement (the `timeit` convention)."""
-    best: dict[str, tuple[float, object]] = {}
+def _rounds(runs: dict[str, Callable[[], object]], rounds: int) -> Iterator[tuple[str, float, object]]:
+    """Each run's name, wall time and output, in `rounds` interleaved rounds: each round runs every setting
+    once, so a slow drift of a shared machine hits all of them alike."""
     for _ in range(rounds):
         for name, run in runs.items():
             start = time.perf_counter()
             out = run()
-            seconds = time.perf_counter() - start
-            if name not in best or seconds < best[name][0]:
-                best[name] = (seconds, out)
+            yield name, time.perf_counter() - start, out
+
+
+def timed_rounds(runs: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    """Wall times of each run in each interleaved round: a round's times compare in pairs."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for name, seconds, _ in _rounds(runs, rounds):
+        times[name].append(seconds)
+    return times
+
+
+def best_of_rounds(runs: dict[str, Callable[[], object]], rounds: int) -> dict[str, tuple[float, object]]:
+    """Fastest wall time (and output) of each run over interleaved rounds; the minimum is the least
+    disturbed measurement (the `timeit` convention)."""
+    best: dict[str, tuple[float, object]] = {}
+    for name, seconds, out in _rounds(runs, rounds):
+        if name not in best or seconds < best[name][0]:
+            best[name] = (seconds, out)
     return best
 
 

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -69,8 +70,7 @@ def _search(model: Transformer, src: torch.Tensor, decoding: DecodingConfig, ret
             should_stop: StopCheck | None,
             terms: Sequence[Sequence[TermIds]] | None = None) -> list[list[Hypothesis]]:
     """The search `decoding` asks for: sampling, greedy (beam 1) or beam search."""
-    ends = dict(bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=decoding.max_len_a, max_len_b=decoding.max_len_b,
-                prefixes=prefixes, should_stop=should_stop)
+    ends = _ends(decoding, prefixes, should_stop)
     terms = terms if terms and any(terms) else None  # no term at all: the searches as they are without
     if decoding.sampling:
         if terms is not None:
@@ -88,6 +88,13 @@ def _search(model: Transformer, src: torch.Tensor, decoding: DecodingConfig, ret
                        **ends)
 
 
+def _ends(decoding: DecodingConfig, prefixes: Sequence[Sequence[int]] | None,
+          should_stop: StopCheck | None) -> dict[str, Any]:
+    """The arguments every search takes alike: the special ids, the length limit, prefixes, the stop check."""
+    return dict(bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=decoding.max_len_a, max_len_b=decoding.max_len_b,
+                prefixes=prefixes, should_stop=should_stop)
+
+
 def _greedy_with_terms(model: Transformer, src: torch.Tensor, decoding: DecodingConfig,
                        return_attention: bool, prefixes: Sequence[Sequence[int]] | None,
                        should_stop: StopCheck | None,
@@ -101,8 +108,7 @@ def _greedy_with_terms(model: Transformer, src: torch.Tensor, decoding: Decoding
             continue
         part = src[rows]
         part = part[:, : max(1, int((part != PAD_ID).sum(1).max()))]  # right-padded: drop the spare columns
-        ends = dict(bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=decoding.max_len_a, max_len_b=decoding.max_len_b,
-                    prefixes=[prefixes[i] for i in rows] if prefixes else None, should_stop=should_stop,
+        ends = dict(_ends(decoding, [prefixes[i] for i in rows] if prefixes else None, should_stop),
                     use_cache=decoding.use_cache, return_attention=return_attention)
         if with_terms:
             hyps = bank_greedy_search(model, part, Constraints.build([terms[i] for i in rows], src.device),

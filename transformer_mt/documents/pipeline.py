@@ -25,7 +25,7 @@ from transformer_mt.documents.masking import Masked, blanked, mask, missing, unm
 from transformer_mt.documents.rendering import rendered
 from transformer_mt.documents.rewrite import Rewrite
 from transformer_mt.documents.sentences import SentenceSplitter, cut_long
-from transformer_mt.documents.spans import CAPITALISED_NOUNS, Span, find_spans, read_terms
+from transformer_mt.documents.spans import Span, copies_names, find_spans, read_terms
 
 log = logging.getLogger(__name__)
 Ranges = Sequence[tuple[int, int]]  # (start, end) character ranges of a text
@@ -77,8 +77,7 @@ class DocumentTranslator:
         self.cfg = cfg
         self.splitter = SentenceSplitter(src_lang or "en")
         self.terms = read_terms(cfg.keep_terms) if cfg.keep_terms else ()
-        copies = cfg.names == "copy" or (cfg.names == "auto" and (src_lang or "en") not in CAPITALISED_NOUNS)
-        self.known = engine.known_words if copies else None
+        self.known = engine.known_words if copies_names(cfg.names, src_lang) else None
         self.max_tokens = min(cfg.max_sentence_tokens or max_sentence_tokens or engine.max_input_tokens,
                               engine.max_input_tokens)
         self.tally = Tally()

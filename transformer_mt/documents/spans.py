@@ -50,6 +50,12 @@ NAME_WORD = re.compile(r"(?<![\w@/\\.-])[^\W\d_]+(?:-[^\W\d_]+)*(?![\w@/\\-])")
 # Source languages that capitalise every noun: a capitalised word of theirs that training never held is
 # as likely a compound noun to translate as a name (document.names=auto leaves them be)
 CAPITALISED_NOUNS = ("de", "lb")
+
+
+def copies_names(names: str, src_lang: str | None) -> bool:
+    """Whether `document.names` keeps a capitalised word no training pair held as a name: `copy`, or
+    `auto` for a source language that does not capitalise its nouns (English when unknown)."""
+    return names == "copy" or (names == "auto" and (src_lang or "en") not in CAPITALISED_NOUNS)
 ORDINAL = re.compile(r"\d+(?:st|nd|rd|th|e|er|re|ème|ème|te|ten)\b", re.IGNORECASE)
 
 

@@ -36,7 +36,7 @@ from typing import Any
 from transformer_mt.checkpoints.paths import resolve_checkpoint
 from transformer_mt.checkpoints.store import load_checkpoint, word_list
 from transformer_mt.config import ConfigError
-from transformer_mt.documents.spans import CAPITALISED_NOUNS
+from transformer_mt.documents.spans import copies_names
 from transformer_mt.errors import ExportError
 from transformer_mt.interop.onnx import export_onnx
 from transformer_mt.interop.web_rules import page_rules
@@ -107,7 +107,7 @@ def page_words(state: dict[str, Any], src_lang: str | None) -> list[str] | None:
     document.names=auto's rule: none for a source language that capitalises its nouns, nor for a
     checkpoint that lists none)."""
     words = word_list(state)
-    if words is None or (src_lang or "en") in CAPITALISED_NOUNS:
+    if words is None or not copies_names("auto", src_lang):
         return None
     return sorted(words)
 
