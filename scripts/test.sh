@@ -12,5 +12,7 @@ fi
 command -v npm >/dev/null || echo "note: no npm, so the format=web tests are skipped; to run them: apt-get install npm (Debian)"
 ruff check transformer_mt tests scripts
 # One pytest-xdist worker per core (TMT_TEST_WORKERS=N to choose, 0 for none); a test file stays on one
-# worker, so that its module fixtures (a server, a prepared corpus) are built once.
-python -m pytest -q -n "${TMT_TEST_WORKERS:-auto}" --dist loadfile "$@"
+# worker, so that its module fixtures (a server, a prepared corpus) are built once. The files go to the
+# workers in collection order (the longest first: tests/conftest.py), not in pytest-xdist's own order of
+# the most tests first, which would leave the longest files to the end and one worker waiting on them.
+python -m pytest -q -n "${TMT_TEST_WORKERS:-auto}" --dist loadfile --no-loadscope-reorder "$@"

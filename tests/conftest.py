@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -84,8 +85,6 @@ def multi30k() -> Path:
 
 def tatoeba_sample(corpus: Path, every: int, n: int) -> list[tuple[str, str]]:
     """n (English, French) pairs of the Tatoeba zip, every `every`-th line: short and long alike."""
-    import zipfile
-
     with zipfile.ZipFile(corpus) as z:
         lines = z.read("fra.txt").decode("utf-8").splitlines()[::every][:n]
     return [(fields[0], fields[1]) for fields in (line.split("\t") for line in lines)]
@@ -141,7 +140,7 @@ def fitted_checkpoint(pairs: tuple[list[str], list[str]], directory: Path, steps
     return directory, net
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fit_pairs(corpus: Path) -> tuple[list[str], list[str]]:
     """300 Tatoeba pairs, sampled across the corpus: what fitted_checkpoint trains on."""
     from transformer_mt.config import DatasetConfig
@@ -151,6 +150,35 @@ def fit_pairs(corpus: Path) -> tuple[list[str], list[str]]:
     english, french = load_pairs(DatasetConfig(path=str(corpus), url=None))
     keep = sample_indices(len(english), 300, 7).tolist()
     return [english[i] for i in keep], [french[i] for i in keep]
+
+
+# The architectures of the fitted models that the export tests share (fitted_model): post-norm (Marian)
+# and pre-norm (Pegasus, what the plan trains).
+ARCHITECTURES = {"marian": {}, "pegasus": {"norm_first": True, "activation": "gelu"}}
+
+
+@pytest.fixture(scope="session")
+def fitted_model(fit_pairs: tuple[list[str], list[str]],
+                 tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, Path], Path]:
+    """`fitted_model(architecture, folder)`: fitted_checkpoint of that architecture of ARCHITECTURES (80
+    steps on fit_pairs) in `folder` (best.pt), for the tests to export and write into. Each is trained
+    once a session for every pytest-xdist worker (the first to need it, under a file lock in the directory
+    they share: training is deterministic, so the model is the one each would have trained) and copied."""
+    shared = shared_folder(tmp_path_factory) / "fitted"
+    shared.mkdir(exist_ok=True)
+
+    def fitted(architecture: str, folder: Path) -> Path:
+        trained = shared / architecture
+        with FileLock(str(shared / f"{architecture}.lock")):
+            if not (trained / "best.pt").is_file():
+                partial = shared / f".{architecture}"
+                fitted_checkpoint(fit_pairs, partial, steps=80, **ARCHITECTURES[architecture])
+                os.replace(partial, trained)
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copy(trained / "best.pt", folder / "best.pt")
+        return folder
+
+    return fitted
 
 
 @pytest.fixture(scope="session")
@@ -176,21 +204,56 @@ def keep_torch_threads() -> Iterator[None]:
 DATA_CACHE = "TMT_TEST_DATA_CACHE"
 
 
+def shared_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's base directory that every pytest-xdist worker shares (above each worker's own)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session", autouse=True)
 def shared_data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One data cache for the whole session, in the directory the pytest-xdist workers share."""
-    base = tmp_path_factory.getbasetemp()
-    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "data-cache"
+    folder = shared_folder(tmp_path_factory) / "data-cache"
     os.environ[DATA_CACHE] = str(folder)
     return folder
 
 
+# Every RUNS_EVERY-th pair of Tatoeba is what the tests' training runs read (runs_corpus).
+RUNS_EVERY = 16
+
+
+def runs_corpus(corpus: Path) -> Path:
+    """The corpus the tests' training runs read in place of `corpus` when that is the real Tatoeba zip
+    (another is read as it is): every RUNS_EVERY-th pair of it (about 10,000, short and long alike, since
+    the file is sorted by length), written once a session beside the data cache (DATA_CACHE), under a
+    file lock for the pytest-xdist workers. A run reads its whole corpus when it starts (to split it
+    leak-free and to list its training words), which on all of Tatoeba is most of a smoke run's time,
+    and keeps a few hundred pairs of it. The tests of reading and splitting the real corpus, and of
+    runs that need more of it, give `dataset.path=<corpus>` themselves."""
+    if corpus not in CORPORA:
+        return corpus
+    folder = Path(os.environ[DATA_CACHE]).parent / "runs-corpus"
+    sample = folder / corpus.name
+    folder.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder / "build.lock")):
+        if not sample.is_file():
+            partial = folder / f".{corpus.name}.partial"
+            with zipfile.ZipFile(corpus) as source, zipfile.ZipFile(partial, "w") as out:
+                for name in source.namelist():
+                    text = source.read(name).decode("utf-8")
+                    out.writestr(name, text if name.startswith("_") else
+                                 "".join(text.splitlines(True)[::RUNS_EVERY]))
+            os.replace(partial, sample)
+    return sample
+
+
 def tiny_overrides(corpus: Path, run_dir: Path, **extra: object) -> list[str]:
-    """A training run of seconds: `debug=tiny` (the tiny model, 600 real pairs, a 400-token vocabulary)
-    for two epochs, on one thread, into run_dir, its data from the session's cache (DATA_CACHE)."""
+    """A training run of seconds: `debug=tiny` (the tiny model, 600 real pairs of runs_corpus(corpus), a
+    400-token vocabulary) for two epochs, on one thread, into run_dir, its data from the session's
+    cache (DATA_CACHE)."""
     values: dict[str, object] = {
         "debug": "tiny",
-        "dataset.path": corpus,
+        "dataset.path": runs_corpus(corpus),
         "dataset.url": "null",
         "dataset.cache_dir": os.environ.get(DATA_CACHE, run_dir.parent / "cache"),
         "training.epochs": 2,
@@ -274,9 +337,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Iterator
     first to need it trains it under a file lock in the directory the workers share. Read only: a test
     that writes into a run (resumes it, evaluates into it) takes `tiny_run_copy`. Checked unchanged at
     the end."""
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent  # the run's base directory, above each worker's own
+    shared = shared_folder(tmp_path_factory)
     run_dir = shared / "tiny-run" / "run"
     with FileLock(str(shared / "tiny-run.lock")):
         if not (run_dir / "result.json").is_file():

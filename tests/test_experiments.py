@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import transformer_mt as tmt
-from tests.conftest import DATA_CACHE, FIXTURES
+from tests.conftest import DATA_CACHE, FIXTURES, runs_corpus
 from transformer_mt.checkpoints.store import load_checkpoint
 from transformer_mt.plan import decide
 
@@ -38,7 +38,8 @@ def test_recipe_trains_a_few_steps_on_cpu(experiment: str, tmp_path: Path, corpu
     sliver of data (three steps of the GPU recipes' base model), so it fits in seconds. The Tatoeba
     recipes share one encoded sliver (the session's data cache)."""
     run_dir = tmp_path / "run"
-    data = {"dataset.path": corpus, "dataset.url": "null", "dataset.cache_dir": os.environ[DATA_CACHE],
+    data = {"dataset.path": runs_corpus(corpus), "dataset.url": "null",
+            "dataset.cache_dir": os.environ[DATA_CACHE],
             "dataset.max_pairs": 30, "dataset.valid_size": 3, "dataset.test_size": 3,
             "tokenizer.vocab_size": 400, "training.batch_tokens": 256, "training.epochs": 1,
             "training.valid_max_sentences": 3, "training.progress": "false", "decoding.max_len_b": 3,

@@ -50,9 +50,9 @@ def one_thread() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def post_norm(pairs: tuple[list[str], list[str]], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def post_norm(fitted_model, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default architecture: post-norm, ReLU, sinusoidal positions, tied embeddings."""
-    return fitted_checkpoint(pairs, tmp_path_factory.mktemp("post"), steps=80)[0]
+    return fitted_model("marian", tmp_path_factory.mktemp("post"))
 
 
 def _parity(run: Path, model_dir: Path, sentences: list[str],

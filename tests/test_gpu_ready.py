@@ -118,8 +118,8 @@ def test_greedy_cut_keeps_row_counts_a_multiple() -> None:
 def real_train_split(tmp_path_factory: pytest.TempPathFactory, corpus: Path):  # noqa: ANN201
     """30,000 pairs of the real corpus with an 8k joint BPE (a few seconds)."""
     run_dir = tmp_path_factory.mktemp("shapes") / "run"
-    cfg = tmt.compose("train", tiny_overrides(corpus, run_dir, **{"dataset.max_pairs": 30000,
-                                                                  "tokenizer.vocab_size": 8000}))
+    real = {"dataset.path": corpus, "dataset.max_pairs": 30000, "tokenizer.vocab_size": 8000}
+    cfg = tmt.compose("train", tiny_overrides(corpus, run_dir, **real))
     return distributed.prepare_data(cfg.dataset, cfg.tokenizer, run_dir, None, distributed.current()).train
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import transformer_mt as tmt
-from tests.conftest import fitted_checkpoint, require, run_cli, tiny_overrides
+from tests.conftest import ARCHITECTURES, fitted_checkpoint, require, tiny_overrides
 from transformer_mt.checkpoints.store import model_from_checkpoint
 from transformer_mt.config import ConfigError, DecodingConfig
 from transformer_mt.data.tokenizer import Vocabulary
@@ -29,15 +29,12 @@ from transformer_mt.interop import hf_import  # noqa: E402
 from transformer_mt.interop.generate import ExportedModel  # noqa: E402
 from transformer_mt.interop.hf import export_hf  # noqa: E402
 
-ARCHITECTURES = {"marian": {}, "pegasus": {"norm_first": True, "activation": "gelu"}}
-
 
 @pytest.fixture(scope="module", params=list(ARCHITECTURES))
-def fitted(request: pytest.FixtureRequest, fit_pairs: tuple[list[str], list[str]],
+def fitted(request: pytest.FixtureRequest, fitted_model,
            tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Path]:
     """(model_type, our run, its format=hf export) of a post-norm (Marian) and a pre-norm (Pegasus) model."""
-    run, _ = fitted_checkpoint(fit_pairs, tmp_path_factory.mktemp(request.param), steps=80,
-                               **ARCHITECTURES[request.param])
+    run = fitted_model(request.param, tmp_path_factory.mktemp(request.param))
     return request.param, run, export_hf(run, run / "hf")
 
 
@@ -77,17 +74,17 @@ def test_a_fine_tuning_run_starts_from_the_exported_run(tiny_run: Path, corpus: 
 
 
 def test_train_init_an_exported_directory_through_the_command_line(tiny_run: Path, corpus: Path,
-                                                                  tmp_path: Path) -> None:
+                                                                  tmp_path: Path, run_cli_here) -> None:
     """The documented round trip: `export format=hf`, then `train init=<that directory>`; the command line
     checks the directory before torch is imported as it checks a checkpoint's header."""
     exported = export_hf(tiny_run, tmp_path / "hf")
     overrides = tiny_overrides(corpus, tmp_path / "run", init=exported, **{"training.epochs": 1})
-    done = run_cli("train", *overrides)
+    done = run_cli_here("train", *overrides)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "run" / "latest.pt").is_file()
     (exported / "config.json").write_text(json.dumps({**json.loads((exported / "config.json").read_text()),
                                                        "model_type": "bert"}))
-    refused = run_cli("train", *tiny_overrides(corpus, tmp_path / "again", init=exported))
+    refused = run_cli_here("train", *tiny_overrides(corpus, tmp_path / "again", init=exported))
     assert refused.returncode != 0 and "model_type 'bert'" in refused.stderr
     assert "Traceback" not in refused.stderr and not (tmp_path / "again" / "latest.pt").exists()
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import fitted_checkpoint, missing, require
+from tests.conftest import ARCHITECTURES, missing, require
 from transformer_mt.config import DecodingConfig, DocumentConfig
 from transformer_mt.decoding.translator import Translator
 from transformer_mt.documents.pipeline import DocumentTranslator
@@ -31,16 +31,13 @@ require("onnxruntime")
 require("optimum.exporters.onnx")
 CHROMIUM = Path(os.environ.get("TMT_CHROMIUM", "/usr/bin/chromium"))
 GREEDY = DecodingConfig(beam_size=1)
+
+
 # The pre-norm model (Pegasus, what the plan trains) runs in the page under Transformers.js's Marian runner.
-ARCHITECTURES = {"marian": {}, "pegasus": {"norm_first": True, "activation": "gelu"}}
-
-
-@pytest.fixture(scope="module", params=["marian", "pegasus"])
-def fitted(request: pytest.FixtureRequest, fit_pairs: tuple[list[str], list[str]],
-           tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", params=list(ARCHITECTURES))
+def fitted(request: pytest.FixtureRequest, fitted_model, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fitted model (real words out) of each architecture."""
-    return fitted_checkpoint(fit_pairs, tmp_path_factory.mktemp(request.param), steps=80,
-                             **ARCHITECTURES[request.param])[0]
+    return fitted_model(request.param, tmp_path_factory.mktemp(request.param))
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import transformer_mt as tmt
-from tests.conftest import DATA_CACHE, tiny_overrides
+from tests.conftest import DATA_CACHE, runs_corpus, tiny_overrides
 from transformer_mt import plan as planning
 from transformer_mt.checkpoints.parameter_count import parameter_count
 from transformer_mt.checkpoints.store import load_checkpoint
@@ -466,7 +466,8 @@ def test_a_run_with_nothing_set_by_hand_is_planned_trained_and_recorded(corpus: 
     with, every planned key the plan's and within its rule. (Its data are the tiny runs' 600 pairs,
     from the session's data cache: no setting of the plan's.)"""
     run_dir = tmp_path / "run"
-    tmt.train([f"dataset.path={corpus}", "dataset.url=null", f"dataset.cache_dir={os.environ[DATA_CACHE]}",
+    tmt.train([f"dataset.path={runs_corpus(corpus)}", "dataset.url=null",
+               f"dataset.cache_dir={os.environ[DATA_CACHE]}",
                "dataset.max_pairs=600", "dataset.valid_size=60", "dataset.test_size=60",
                "tokenizer.vocab_size=400", "device=cpu", "device.num_threads=1", "training.progress=false",
                "training.plan=auto", "training.max_minutes=0.2", f"checkpoint.dir={run_dir}"])

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import transformer_mt as tmt
-from tests.conftest import ROOT, multi30k, require, tiny_overrides
+from tests.conftest import ROOT, multi30k, require, runs_corpus, tiny_overrides
 from transformer_mt.checkpoints.store import load_checkpoint
 from transformer_mt.data import load_split_tsv, read_lines
 from transformer_mt.tables import markdown_table
@@ -295,8 +295,8 @@ def test_back_translation(script, corpus: Path, tmp_path: Path, capsys: pytest.C
     # float32: bf16 autocast (chosen on a CPU with native bf16) only slows a model this small.
     smoke = ["--", "debug=smoke", "dataset.max_pairs=null", "device.num_threads=1", "device.amp=off",
              f"dataset.cache_dir={tmp_path / 'cache'}"]
-    assert script("back_translation").main(["--corpus", str(corpus), "--max-pairs", "400", "--sampling",
-                                            "--out", str(out), *smoke]) == 0
+    assert script("back_translation").main(["--corpus", str(runs_corpus(corpus)), "--max-pairs", "400",
+                                            "--sampling", "--out", str(out), *smoke]) == 0
     parallel, test = (load_split_tsv(out / f"{name}.tsv") for name in ("parallel", "test"))
     mono = read_lines(out / "mono.txt")
     assert not set(mono) & set(parallel[1]) and not set(test[1]) & (set(mono) | set(parallel[1]))
@@ -403,7 +403,7 @@ def test_the_test_command_installs_nothing(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     log = (tmp_path / "log").read_text().splitlines()
     assert log == ["setup.sh", "ruff check transformer_mt tests scripts CI=",
-                   "python -m pytest -q -n auto --dist loadfile -k x CI="]
+                   "python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder -k x CI="]
     note = result.stdout.splitlines()[0]  # then one for npm, where it lacks
     assert "browser tests are skipped" in note and "apt-get install chromium" in note
 
@@ -416,7 +416,7 @@ def test_ci_prepares_the_browser_then_runs_the_test_command(tmp_path: Path) -> N
     log = (tmp_path / "log").read_text().splitlines()
     installs = ["apt-get install -y -q chromium CI="] if os.getuid() == 0 else []  # only root installs
     assert log == [*installs, "setup.sh", "ruff check transformer_mt tests scripts CI=1",
-                   "python -m pytest -q -n auto --dist loadfile CI=1"]
+                   "python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder CI=1"]
 
 
 @pytest.mark.parametrize(("ci", "outcome"), [(None, pytest.skip.Exception), ("", pytest.skip.Exception),
