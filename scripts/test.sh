@@ -15,4 +15,8 @@ ruff check transformer_mt tests scripts
 # worker, so that its module fixtures (a server, a prepared corpus) are built once. The files go to the
 # workers in collection order (the longest first: tests/conftest.py), not in pytest-xdist's own order of
 # the most tests first, which would leave the longest files to the end and one worker waiting on them.
-python -m pytest -q -n "${TMT_TEST_WORKERS:-auto}" --dist loadfile --no-loadscope-reorder "$@"
+# Only the pytest plugins the suite uses (pytest-xdist's, Hypothesis's) are loaded: installed libraries
+# bring their own (Faker, Hydra, AnyIO), and pytest rewrites the asserts of every module of a library
+# that brings one as each process imports it, seconds in each where bytecode is not cached.
+python -m pytest -q --disable-plugin-autoload -p xdist.plugin -p _hypothesis_pytestplugin \
+  -n "${TMT_TEST_WORKERS:-auto}" --dist loadfile --no-loadscope-reorder "$@"

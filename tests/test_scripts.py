@@ -376,6 +376,9 @@ def test_average_checkpoints(script, tiny_run: Path, tmp_path: Path) -> None:
 
 
 # -- the test commands ------------------------------------------------------------------------------
+# scripts/test.sh's pytest command line, before the arguments it is given.
+PYTEST_COMMAND = ("python -m pytest -q --disable-plugin-autoload -p xdist.plugin -p _hypothesis_pytestplugin "
+                  "-n auto --dist loadfile --no-loadscope-reorder")
 def _sandbox(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     """A checkout holding only scripts/test.sh and .ci/run, with setup.sh, .venv, apt-get, ruff and
     python replaced by stubs that write their command line (and CI) to a log."""
@@ -403,7 +406,7 @@ def test_the_test_command_installs_nothing(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     log = (tmp_path / "log").read_text().splitlines()
     assert log == ["setup.sh", "ruff check transformer_mt tests scripts CI=",
-                   "python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder -k x CI="]
+                   f"{PYTEST_COMMAND} -k x CI="]
     note = result.stdout.splitlines()[0]  # then one for npm, where it lacks
     assert "browser tests are skipped" in note and "apt-get install chromium" in note
 
@@ -416,7 +419,7 @@ def test_ci_prepares_the_browser_then_runs_the_test_command(tmp_path: Path) -> N
     log = (tmp_path / "log").read_text().splitlines()
     installs = ["apt-get install -y -q chromium CI="] if os.getuid() == 0 else []  # only root installs
     assert log == [*installs, "setup.sh", "ruff check transformer_mt tests scripts CI=1",
-                   "python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder CI=1"]
+                   f"{PYTEST_COMMAND} CI=1"]
 
 
 @pytest.mark.parametrize(("ci", "outcome"), [(None, pytest.skip.Exception), ("", pytest.skip.Exception),
