@@ -5,6 +5,7 @@ a user would (a subprocess)."""
 from __future__ import annotations
 
 import importlib.util
+import io
 import logging
 import os
 import shutil
@@ -32,11 +33,15 @@ ROOT = Path(__file__).resolve().parents[1]
 CORPORA = (ROOT.parent / "shared" / "data" / "fra-eng.zip", ROOT / "data" / "fra-eng.zip")
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 FIXTURES = ROOT / "tests" / "fixtures"
-# The files whose tests take longest, longest first: pytest-xdist (--dist loadfile) hands files to its
+# The files whose tests take longest, longest first (their CPU seconds, which on two busy cores are their
+# seconds): scripts/test.sh has pytest-xdist (--dist loadfile --no-loadscope-reorder) hand files to its
 # workers in collection order, so the long ones start first and the short ones fill in after them.
-LONGEST_FIRST = ("test_faults.py", "test_scripts.py", "test_distributed.py", "test_sweep.py", "test_serve.py",
-                 "test_budget_and_averaging.py", "test_experiments.py", "test_segmentation.py",
-                 "test_plan.py")
+LONGEST_FIRST = ("test_scripts.py", "test_faults.py", "test_onnx_export.py", "test_distributed.py",
+                 "test_plan.py", "test_hf_directory.py", "test_copy_variants.py", "test_sweep.py",
+                 "test_finetune.py", "test_serve_requests.py", "test_budget_and_averaging.py",
+                 "test_experiments.py", "test_segmentation.py", "test_serve.py", "test_export.py",
+                 "test_run_directory.py", "test_variants.py", "test_constraints.py", "test_cli.py",
+                 "test_data.py", "test_score.py", "test_layout.py", "test_train.py")
 
 
 def script_module(name: str) -> Any:
@@ -292,8 +297,9 @@ def run_cli(*args: str, input: str | None = None, timeout: int = 300) -> subproc
 def run_cli_here(monkeypatch: pytest.MonkeyPatch,
                  capsys: pytest.CaptureFixture[str]) -> Callable[..., subprocess.CompletedProcess]:
     """`run_cli` in this process: the command line's own entry point (`cli.main`, Hydra and all) and the
-    same result (exit code, stdout, stderr), without the seconds a subprocess spends importing torch.
-    For tests of what the command does, not of starting it. Hydra sets up logging for each job it runs
+    same result (exit code, stdout, stderr), without the seconds a subprocess spends importing torch;
+    `input=` is its stdin, as a pipe gives it. For tests of what the command does, not of starting it
+    (nor of how a process decodes its arguments or ends). Hydra sets up logging for each job it runs
     and leaves its config behind (which a later job in this process would take for its own): the root
     logger and Hydra's config are given back as they were after each command."""
     from hydra.core.hydra_config import HydraConfig
@@ -303,10 +309,12 @@ def run_cli_here(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(sys, "argv", list(sys.argv))  # main hands Hydra the arguments in sys.argv
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
 
-    def run(*args: object) -> subprocess.CompletedProcess:
+    def run(*args: object, input: str | None = None) -> subprocess.CompletedProcess:
         root = logging.getLogger()
         handlers, level, hydra_config = list(root.handlers), root.level, HydraConfig.instance().cfg
         capsys.readouterr()  # the command's output only, as a subprocess's
+        if input is not None:
+            monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(input.encode()), encoding="utf-8"))
         try:
             code = main([str(a) for a in args])
         except SystemExit as ex:  # the code a process would end with (a message: printed, and 1)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import transformer_mt as tmt
-from tests.conftest import held_out_pairs, require, run_cli
+from tests.conftest import held_out_pairs, require
 from transformer_mt.config import DecodingConfig, TokenizerConfig
 from transformer_mt.data.tokenizer import train_tokenizers
 from transformer_mt.decoding.alignment import pharaoh, source_words, target_words, word_alignment
@@ -101,10 +101,11 @@ def test_every_target_word_is_aligned_within_range(tiny_engine: Translator, held
         tiny_engine.translate_nbest(sources[:1], alignment=True, alignment_layer=5)
 
 
-def test_translate_prints_alignments_as_a_second_column(tiny_run: Path, tiny_engine: Translator) -> None:
-    done = run_cli("translate", f"checkpoint={tiny_run}", "device=cpu", "device.amp=off",
-                   "decoding.beam_size=1", "decoding.alignment=true", "decoding.prefix=Il est",
-                   input="He is sleeping.\n\nI am cold.\n")
+def test_translate_prints_alignments_as_a_second_column(tiny_run: Path, tiny_engine: Translator,
+                                                        run_cli_here) -> None:
+    done = run_cli_here("translate", f"checkpoint={tiny_run}", "device=cpu", "device.amp=off",
+                        "decoding.beam_size=1", "decoding.alignment=true", "decoding.prefix=Il est",
+                        input="He is sleeping.\n\nI am cold.\n")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.split("\n")[:-1]
     expected = tiny_engine.translate_nbest(["He is sleeping.", "", "I am cold."], beam_size=1,

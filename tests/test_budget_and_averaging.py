@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import transformer_mt as tmt
-from tests.conftest import ROOT, smoke_overrides, tiny_overrides
+from tests.conftest import script_module, smoke_overrides, tiny_overrides
 from transformer_mt.checkpoints.store import (
     CheckpointError,
     average_checkpoints,
@@ -80,19 +78,17 @@ def test_average_is_the_elementwise_mean(tmp_path: Path) -> None:
         average_checkpoints([paths[0], mismatched])
 
 
-def test_average_script(tmp_path: Path) -> None:
+def test_average_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """scripts/average_checkpoints.py's main (tests/test_scripts.py runs it on a trained run)."""
     run = tmp_path / "run"
     run.mkdir()
     for i in (1, 2, 3):
         _fake_checkpoint(run / f"step_{i:07d}.pt", float(i))
     out = tmp_path / "avg.pt"
-    done = subprocess.run([sys.executable, "scripts/average_checkpoints.py", str(run), "--last", "2",
-                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    average = script_module("average_checkpoints").main
+    assert average([str(run), "--last", "2", "--out", str(out)]) == 0, capsys.readouterr().err
     assert torch.equal(load_checkpoint(out)["model"]["w"], torch.full((2, 4), 2.5))
-    alone = subprocess.run([sys.executable, "scripts/average_checkpoints.py", str(out), "--out",
-                            str(out)], cwd=ROOT, capture_output=True, text=True)
-    assert alone.returncode == 2 and "at least two" in alone.stderr
+    assert average([str(out), "--out", str(out)]) == 2 and "at least two" in capsys.readouterr().err
 
 
 def test_validation_every_n_steps_then_averaging(tmp_path: Path, corpus: Path,

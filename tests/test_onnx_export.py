@@ -6,7 +6,6 @@ needs its extra (and npm and Chromium for the page): skipped without, failed und
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import http.server
 import os
@@ -97,7 +96,7 @@ def test_an_existing_output_dir_is_refused_unless_overwrite(web_dir: Path, fitte
         assert "\n" not in str(info.value) and sorted(p.name for p in web_dir.rglob("*")) == before
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def static_server(web_dir: Path) -> Iterator[str]:
     """The folder on a static file server, as a user would serve it (`python -m http.server`)."""
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(web_dir))
@@ -111,9 +110,11 @@ def static_server(web_dir: Path) -> Iterator[str]:
         server.server_close()
 
 
-@contextlib.contextmanager
-def chromium_page(url: str) -> Iterator[tuple[Any, list[str]]]:
-    """The page open in headless Chromium, its model loaded, and the list of every URL it requests."""
+@pytest.fixture(scope="module")
+def chromium_page(static_server: str) -> Iterator[tuple[Any, list[str]]]:
+    """The page open in headless Chromium, its model loaded, and the list of every URL it requests: opened
+    once for each architecture's page tests, which use it in turn (a page and its model load for
+    seconds)."""
     sync_api = require("playwright.sync_api")
     if not CHROMIUM.exists():
         missing(f"no {CHROMIUM}; to run this test: apt-get install chromium (Debian)")
@@ -124,7 +125,7 @@ def chromium_page(url: str) -> Iterator[tuple[Any, list[str]]]:
             page = browser.new_page()
             requests: list[str] = []
             page.on("request", lambda r: requests.append(r.url))
-            page.goto(url, timeout=60_000)
+            page.goto(static_server, timeout=60_000)
             page.wait_for_function("window.pageReady === true", timeout=120_000)
             yield page, requests
         finally:
@@ -144,12 +145,13 @@ TIMED = """async (sentences) => {
 
 
 @pytest.mark.browser
-def test_the_page_translates_in_chromium_as_onnx_runtime(web_dir: Path, static_server: str,
+def test_the_page_translates_in_chromium_as_onnx_runtime(web_dir: Path, static_server: str, chromium_page,
                                                          fit_pairs: tuple[list[str], list[str]]) -> None:
-    """In one batched call as one by one, each sentence as ONNX Runtime translates it alone."""
+    """In one batched call as one by one, each sentence as ONNX Runtime translates it alone; every URL
+    the page asked for (here and in the other page tests) is its own server's."""
     sources = fit_pairs[0][-20:]
-    with chromium_page(static_server) as (page, requests):
-        shown = page.evaluate(TIMED, sources)
+    page, requests = chromium_page
+    shown = page.evaluate(TIMED, sources)
     expected = ort_greedy(web_dir / "models" / "model", sources)
     assert sum(bool(t) for t in expected) >= 15
     assert shown["batched"] == expected and shown["single"] == expected
@@ -167,15 +169,15 @@ def one_sentence(text: str) -> bool:
 
 @pytest.mark.browser
 def test_the_page_splits_and_keeps_spans_as_the_document_translator(
-        web_dir: Path, fitted: Path, static_server: str, fit_pairs: tuple[list[str], list[str]]) -> None:
+        fitted: Path, chromium_page, fit_pairs: tuple[list[str], list[str]]) -> None:
     """Lines of several sentences with a number and an e-mail address, and an ALL CAPS one: the page
     gives DocumentTranslator's translation of each (the same model, greedy in both)."""
     plain = [s for s in fit_pairs[0][-150:] if one_sentence(s)][:8]
     assert len(plain) == 8
     lines = [f"{a} I have 45 cats. Write to anna7@mail.com!  {b}" for a, b in zip(plain[::2], plain[1::2])]
     lines += [f"{plain[0].upper()} CALL 0585738843 AT 10:30.", "", f"\n{plain[1]}\n\n{plain[2]} "]
-    with chromium_page(static_server) as (page, _):
-        shown = page.evaluate("([texts, fold]) => window.translateTexts(texts, fold)", [lines, True])
+    page, _ = chromium_page
+    shown = page.evaluate("([texts, fold]) => window.translateTexts(texts, fold)", [lines, True])
     engine = Translator.from_checkpoint(fitted, device="cpu", amp="off", decoding=GREEDY)
     docs = DocumentTranslator(engine, DocumentConfig(), src_lang="en")
     expected = [n[0].text for n in docs.translate_nbest(lines, input_case="fold")]
@@ -188,19 +190,19 @@ def test_the_page_splits_and_keeps_spans_as_the_document_translator(
 
 @pytest.mark.browser
 def test_the_pages_button_translates_what_is_typed_in_all_caps(
-        web_dir: Path, fitted: Path, static_server: str, fit_pairs: tuple[list[str], list[str]]) -> None:
+        fitted: Path, chromium_page, fit_pairs: tuple[list[str], list[str]]) -> None:
     """Through the page as a person uses it: ALL CAPS text of two sentences with a number typed into the
     box, the button clicked; the box below shows DocumentTranslator's translation (folded as
     `transformer-mt translate` folds it), and the status line counts the sentences and spans."""
     plain = [s for s in fit_pairs[0][-150:] if one_sentence(s)][:2]
     typed = f"{plain[0].upper()} I HAVE 45 CATS."
-    with chromium_page(static_server) as (page, _):
-        page.fill("#source", typed)
-        page.click("#translate")
-        page.wait_for_function("document.getElementById('status').textContent.includes('translated in')",
-                               timeout=60_000)
-        shown = page.eval_on_selector("#target", "e => e.value")
-        status = page.text_content("#status") or ""
+    page, _ = chromium_page
+    page.fill("#source", typed)
+    page.click("#translate")  # its handler says 'Translating…' at once, and 'translated in' when done
+    page.wait_for_function("document.getElementById('status').textContent.includes('translated in')",
+                           timeout=60_000)
+    shown = page.eval_on_selector("#target", "e => e.value")
+    status = page.text_content("#status") or ""
     engine = Translator.from_checkpoint(fitted, device="cpu", amp="off", decoding=GREEDY)
     docs = DocumentTranslator(engine, DocumentConfig(), src_lang="en")
     assert shown == docs.translate_nbest([typed], input_case="fold")[0][0].text

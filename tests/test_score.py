@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import held_out_pairs, run_cli
+from tests.conftest import held_out_pairs
 from transformer_mt.config import DecodingConfig
 from transformer_mt.data import collate
 from transformer_mt.decoding.scoring import score_pairs
@@ -92,7 +92,7 @@ def test_the_command_scores_a_tsv_two_files_and_stdin_alike(tiny_engine: Transla
         total, mean = map(float, line.split("\t"))
         assert abs(total - s.log_prob) < 1e-4 * s.tokens and abs(mean - s.mean) < 1e-4
     files = run_cli_here("score", *common, f"src={tmp_path / 'a.txt'}", f"tgt={tmp_path / 'b.txt'}")
-    piped = run_cli("score", *common, input=tsv.read_text(encoding="utf-8"))
+    piped = run_cli_here("score", *common, input=tsv.read_text(encoding="utf-8"))
     assert files.stdout.splitlines() == piped.stdout.splitlines() == lines
     as_json = run_cli_here("score", *common, f"input={tsv}", "output_format=json")
     rows = [json.loads(line) for line in as_json.stdout.splitlines()]

@@ -454,13 +454,13 @@ def server(tiny_run: Path) -> Iterator[str]:
     assert proc.returncode == 0 and "server stopped" in out and "Traceback" not in err, err
 
 
-def test_serve_command_answers_like_translate(server: str, tiny_run: Path) -> None:
+def test_serve_command_answers_like_translate(server: str, tiny_run: Path, run_cli_here) -> None:
     # A body with no Content-Type header, as `curl -d` sends it.
     request = urllib.request.Request(server + "translate", data=b'{"text": ["He is sleeping."]}')
     with urllib.request.urlopen(request, timeout=30) as r:
         served = json.load(r)["translations"]
-    cli = run_cli("translate", f"checkpoint={tiny_run}", "device=cpu", "decoding.beam_size=4",
-                  "text=He is sleeping.")
+    cli = run_cli_here("translate", f"checkpoint={tiny_run}", "device=cpu", "decoding.beam_size=4",
+                       "text=He is sleeping.")
     assert cli.returncode == 0, cli.stderr
     assert served == [cli.stdout.rstrip("\n")]
     with urllib.request.urlopen(server + "health", timeout=10) as r:

@@ -382,12 +382,12 @@ def test_a_busy_port_is_one_line_before_the_model_loads(tiny_run: Path) -> None:
 
 # -- translate ------------------------------------------------------------------------------------------
 def test_translate_a_line_whose_prefix_is_too_long_fails_alone(tiny_run: Path, engine: Translator,
-                                                              tmp_path: Path) -> None:
+                                                              tmp_path: Path, run_cli_here) -> None:
     lines = ["I am cold.\tJe", f"He is sleeping.\t{LONG}", "Where is the station?\tOù"]
     source = tmp_path / "in.tsv"
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    result = run_cli("translate", f"checkpoint={tiny_run}", "device=cpu", "decoding.beam_size=4",
-                     f"input={source}", "input_format=tsv")
+    result = run_cli_here("translate", f"checkpoint={tiny_run}", "device=cpu", "decoding.beam_size=4",
+                          f"input={source}", "input_format=tsv")
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
     assert "line 2: its prefix has" in result.stderr.splitlines()[-1], result.stderr
     expected = engine.translate(["I am cold.", "Where is the station?"], beam_size=4, prefixes=["Je", "Où"])
