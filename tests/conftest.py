@@ -33,9 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CORPORA = (ROOT.parent / "shared" / "data" / "fra-eng.zip", ROOT / "data" / "fra-eng.zip")
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 FIXTURES = ROOT / "tests" / "fixtures"
-# The files whose tests take longest, longest first (their CPU seconds, which on two busy cores are their
-# seconds): scripts/test.sh has pytest-xdist (--dist loadfile --no-loadscope-reorder) hand files to its
-# workers in collection order, so the long ones start first and the short ones fill in after them.
+# The files whose tests take longest, longest first (by CPU time: with a worker on each core, their time):
+# scripts/test.sh has pytest-xdist (--dist loadfile --no-loadscope-reorder) hand files to its workers in
+# collection order, so the long ones start first and the short ones fill in after them.
 LONGEST_FIRST = ("test_scripts.py", "test_faults.py", "test_onnx_export.py", "test_distributed.py",
                  "test_plan.py", "test_hf_directory.py", "test_copy_variants.py", "test_sweep.py",
                  "test_finetune.py", "test_serve_requests.py", "test_budget_and_averaging.py",
@@ -229,9 +229,9 @@ RUNS_EVERY = 16
 
 def runs_corpus(corpus: Path) -> Path:
     """The corpus the tests' training runs read in place of `corpus` when that is the real Tatoeba zip
-    (another is read as it is): every RUNS_EVERY-th pair of it (about 10,000, short and long alike, since
-    the file is sorted by length), written once a session beside the data cache (DATA_CACHE), under a
-    file lock for the pytest-xdist workers. A run reads its whole corpus when it starts (to split it
+    (another is read as it is): every RUNS_EVERY-th pair of it (short and long alike, since the file is
+    sorted by length), written once a session beside the data cache (DATA_CACHE), under a file lock for
+    the pytest-xdist workers. A run reads its whole corpus when it starts (to split it
     leak-free and to list its training words), which on all of Tatoeba is most of a smoke run's time,
     and keeps a few hundred pairs of it. The tests of reading and splitting the real corpus, and of
     runs that need more of it, give `dataset.path=<corpus>` themselves."""
@@ -247,7 +247,7 @@ def runs_corpus(corpus: Path) -> Path:
                 for name in source.namelist():
                     text = source.read(name).decode("utf-8")
                     out.writestr(name, text if name.startswith("_") else
-                                 "".join(text.splitlines(True)[::RUNS_EVERY]))
+                                 "\n".join(text.split("\n")[::RUNS_EVERY]))
             os.replace(partial, sample)
     return sample
 

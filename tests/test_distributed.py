@@ -21,8 +21,8 @@ from transformer_mt.training import distributed, loss
 
 # Dropout off: ranks draw their own dropout masks, one process draws them in another order.
 # One thread: a matrix product may sum in another order with another thread count.
-# An even number of batches an epoch (22 of the tiny runs' pairs at 576 tokens): the ranks drop an odd
-# last batch (each must take as many steps), which one process would accumulate alone.
+# An even number of batches an epoch (of the tiny runs' pairs, at 576 tokens): the ranks drop an odd last
+# batch (each must take as many steps), which one process would accumulate alone.
 EXACT = {"model.dropout": 0, "training.batch_tokens": 576, "training.log_every": 1, "device.num_threads": 1}
 
 
