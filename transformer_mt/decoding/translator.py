@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +29,15 @@ from transformer_mt.config import DecodingConfig, DeviceConfig
 from transformer_mt.data.text_variants import CASES, one_case, sentence_case
 from transformer_mt.data.tokenizer import Vocabulary
 from transformer_mt.decoding.alignment import source_words, target_words, word_alignment
+from transformer_mt.decoding.confidence import (
+    Rater,
+    WordConfidences,
+    read_calibration,
+    recased,
+    weights_fingerprint,
+)
 from transformer_mt.decoding.decode import decode_ids
-from transformer_mt.decoding.scoring import PairScore, forced_attention, score_pairs
+from transformer_mt.decoding.scoring import PairScore, forced_attention, score_pairs, token_log_probs
 from transformer_mt.decoding.search import StopCheck
 from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.model import Ensemble, Transformer
@@ -40,14 +48,16 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Translation:
-    """One hypothesis: detokenised text, its model score and (on request) cross-attention and word
-    alignment."""
+    """One hypothesis: detokenised text, its model score and (on request) cross-attention, word alignment
+    and, for the best of each list, its confidence and its words' (decoding/confidence.py)."""
 
     text: str
     score: float
     tokens: list[str] | None = None
     attention: torch.Tensor | None = None  # (layers, heads, output tokens + eos, source tokens + eos)
     alignment: list[tuple[int, int]] | None = None  # (source word, target word) links, decoding.alignment
+    confidence: float | None = None  # decoding.confidence: its expected chrF/100 once calibrated
+    word_confidences: WordConfidences | None = None  # each word of `text`, with its confidence
 
 
 @dataclass(frozen=True)
@@ -74,6 +84,7 @@ class TextTranslator:
     info: dict[str, Any]  # what the engine runs: the checkpoint, its step, the run's config ...
     tgt_lang: str | None = None
     known_words: frozenset[str] | None = None  # the training pairs' words (data/words.py), where known
+    rater: Rater = Rater(None)  # scores to confidences: each engine sets its own (its calibration)
     max_input_tokens: int
     max_prefix_tokens: int
     max_positions: int
@@ -137,8 +148,9 @@ class TextTranslator:
         if distinct is not texts:
             at = {text: i for i, text in enumerate(distinct)}
             results = [list(results[at[text]]) for text in texts]
-        return [[dataclasses.replace(t, text=CASES[case](t.text)) for t in nbest] if case else nbest
-                for nbest, case in zip(results, cases)]
+        return [[dataclasses.replace(t, text=CASES[case](t.text),
+                                     word_confidences=recased(t.word_confidences, CASES[case]))
+                 for t in nbest] if case else nbest for nbest, case in zip(results, cases)]
 
     def search_nbest(self, sentences: list[str], return_attention: bool = False,
                      prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
@@ -221,6 +233,7 @@ class Translator(TextTranslator):
         self.decoding = decoding or DecodingConfig()
         self.limit_inputs(model.config.max_positions, max_input_tokens)
         self.info = info or {}
+        self.rater = Rater(None)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | torch.device = "auto",
@@ -249,6 +262,9 @@ class Translator(TextTranslator):
         engine.language_id(tgt_lang)  # a language the model lacks: one line now, not at the first sentence
         engine.tgt_lang = tgt_lang or engine.tgt_lang
         engine.known_words = word_list(state)
+        calibration = None if len(loaded) > 1 else read_calibration(file.parent, weights_fingerprint(model))
+        how = f"fit one with: transformer-mt evaluate checkpoint={file} split=valid calibrate=true"
+        engine.rater = Rater(calibration, f"{how} (docs/confidence.md)")
         return engine
 
     def search_nbest(self, sentences: list[str], return_attention: bool = False,
@@ -283,11 +299,27 @@ class Translator(TextTranslator):
                             best_map if k == 0 else None)
                 for k, (text, h) in enumerate(zip(texts, nbest))
             ]
+        if decoding.confidence:
+            self._rate(results, real, [ids[i] for i in real], [nbest[0].tokens for nbest in hyps], decoding,
+                       should_stop)
         if decoding.alignment:
             outputs = {i: [h.tokens for h in nbest][:aligned] for i, nbest in zip(real, hyps)}
             lead = int(self.language_id(tgt_lang) is not None)
             self._align(sentences, ids, results, outputs, decoding, lead, should_stop)
         return results
+
+    def _rate(self, results: list[list[Translation]], real: list[int], src: list[list[int]],
+              best: list[list[int]], decoding: DecodingConfig, should_stop: StopCheck | None) -> None:
+        """Set the confidence of each best translation (results[i][0], i in `real`) from one forced pass
+        over the best hypotheses (token ids `best` of sources `src`)."""
+        started = time.perf_counter()
+        gained = token_log_probs(self.model, src, best, self.device, decoding.batch_tokens_on(self.device),
+                                 self.precision.dtype, should_stop)
+        for i, tokens, log_probs in zip(real, best, gained, strict=True):
+            top = results[i][0]
+            top.confidence, top.word_confidences = self.rater.rate(log_probs, target_words(self.vocab.tgt,
+                                                                                           tokens), top.text)
+        self.rater.seconds += time.perf_counter() - started
 
     def _align(self, sentences: list[str], ids: list[list[int]], results: list[list[Translation]],
                outputs: dict[int, list[list[int]]], decoding: DecodingConfig, lead: int,
