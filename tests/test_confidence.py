@@ -347,7 +347,7 @@ def test_a_threshold_marks_or_withholds_what_is_below_it(output_format: str, fit
                 assert line == ("" if is_low and action == "withhold" else t.text)
                 continue
             obj = json.loads(line)
-            assert obj.get("low_confidence", False) == is_low
+            assert obj["low_confidence"] == is_low
             assert obj.get("withheld", False) == (is_low and action == "withhold")
             assert obj["text"] == ("" if obj.get("withheld") else t.text)
             if obj.get("withheld"):

@@ -75,11 +75,11 @@ def format_nbest(nbest: list[Translation], n_best: int, with_scores: bool) -> li
             for rank, h in enumerate(padded[:n_best], start=1)]
 
 
-def jsonl_lines(nbest: list[Translation], n_best: int, action: str | None) -> list[str]:
+def jsonl_lines(nbest: list[Translation], n_best: int, screened: bool, action: str | None) -> list[str]:
     """output_format=jsonl: one object per output line of format_nbest (n with n-best, `rank` then given):
     text, score, confidence and words of the best ([[word, confidence], ...]; null for the others), the
-    alignment where asked; with decoding.min_confidence, `low_confidence`, and with withhold the text and
-    words left out and `withheld: true`."""
+    alignment where asked; `screened` (decoding.min_confidence set) adds `low_confidence`, and `action`
+    withhold leaves the text and words out, with `withheld: true`."""
     empty = Translation("", float("-inf"), alignment=[] if nbest[0].alignment is not None else None)
     out = []
     for rank, h in enumerate((nbest + [empty] * (n_best - len(nbest)))[:n_best], start=1):
@@ -90,8 +90,8 @@ def jsonl_lines(nbest: list[Translation], n_best: int, action: str | None) -> li
             line["rank"] = rank
         if h.alignment is not None:
             line["alignment"] = pharaoh(h.alignment)
-        if action is not None:
-            line["low_confidence"] = True
+        if screened:
+            line["low_confidence"] = action is not None
         if action == "withhold":  # nothing of the translation: its text, words, alignment
             line.update(text="", words=[], withheld=True)
             line.update({"alignment": ""} if "alignment" in line else {})
@@ -105,7 +105,7 @@ def output_lines(nbest: list[Translation], cfg: TranslateConfig) -> tuple[list[s
     d = cfg.decoding
     action = verdict(nbest[0].confidence, d.min_confidence, d.low_confidence)
     if cfg.output_format == "jsonl":
-        return jsonl_lines(nbest, d.n_best, action), action is not None
+        return jsonl_lines(nbest, d.n_best, d.min_confidence is not None, action), action is not None
     if action == "withhold":
         nbest = [dataclasses.replace(h, text="", alignment=None if h.alignment is None else [])
                  for h in nbest]
