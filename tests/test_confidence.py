@@ -43,7 +43,9 @@ def fitted(fit_pairs: tuple[list[str], list[str]], corpus: Path,
     still writes nothing, in a directory of its own with 80 other Tatoeba pairs as its held-out split."""
     run, _ = fitted_checkpoint(fit_pairs, tmp_path_factory.mktemp("confidence"), steps=80)
     (run / "split").mkdir()
-    held_out = {"valid": tatoeba_sample(corpus, 997, 80), "test": tatoeba_sample(corpus, 991, 20)}
+    valid = tatoeba_sample(corpus, 997, 79)
+    valid.append((valid[0][0], "Une autre traduction."))  # a source twice, as Tatoeba's splits have them
+    held_out = {"valid": valid, "test": tatoeba_sample(corpus, 991, 20)}
     for name, pairs in held_out.items():
         (run / "split" / f"{name}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
     return run
@@ -373,16 +375,16 @@ def test_a_bad_threshold_is_one_line(override: str, says: str, fitted: Path, run
     assert "Traceback" not in done.stderr
 
 
-def test_evaluate_reports_confidence_and_calibrates_on_the_validation_split(fitted: Path, tmp_path: Path,
-                                                                            run_cli_here) -> None:
+def test_evaluate_reports_confidence_and_calibrates_on_the_validation_split(
+        fitted: Path, raw_engine: Translator, tmp_path: Path, run_cli_here) -> None:
     import shutil
 
     run = Path(shutil.copytree(fitted, tmp_path / "run"))
     out = tmp_path / "eval"
     test_split = run_cli_here("evaluate", f"checkpoint={run}", "device=cpu", "calibrate=true")
     assert test_split.returncode == 2 and "use split=valid" in test_split.stderr
-    done = run_cli_here("evaluate", f"checkpoint={run}", "device=cpu", "split=valid", "calibrate=true",
-                        f"output_dir={out}")
+    done = run_cli_here("evaluate", f"checkpoint={run}", "device=cpu", "device.amp=off", "split=valid",
+                        "calibrate=true", f"output_dir={out}")
     assert done.returncode == 0, done.stderr
     assert "Spearman with sentence chrF" in done.stdout and "BLEU of the most confident 50%" in done.stdout
     report = json.loads(next(out.glob("valid.*.json")).read_text(encoding="utf-8"))
@@ -394,8 +396,13 @@ def test_evaluate_reports_confidence_and_calibrates_on_the_validation_split(fitt
     calibration = json.loads((run / CALIBRATION_FILE).read_text(encoding="utf-8"))
     assert calibration["held_out"] == "valid" and calibration["sentences"] == 80
     assert calibration["search"] == "beam5"
-    # fitted on these very translations, each curve gets their mean right (the fit of a mean)
+    # fitted on these very translations, each curve gets their mean right (the fit of a mean) ...
     assert section["mean_confidence"] == pytest.approx(section["mean_chrf"], abs=1e-3)
+    # ... and each translation is rated once through it (a source given twice is one translation object)
+    curves = Calibration.from_json(calibration, "")
+    raw = [n[0].confidence for n in raw_engine.translate_nbest(held_out(fitted, 80)[0])]
+    expected = sum(curves.sentence(math.log(c)) for c in raw) / len(raw)
+    assert section["mean_confidence"] == pytest.approx(expected, abs=1e-6)
     assert section["mean_word_confidence"] == pytest.approx(section["words_in_reference"], abs=1e-3)
     # the test split, with the calibration now there: the same report, calibrated out of sample
     tested = run_cli_here("evaluate", f"checkpoint={run}", "device=cpu", f"output_dir={out}")

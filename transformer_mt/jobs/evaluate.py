@@ -26,7 +26,7 @@ from transformer_mt.data.languages import split_file
 from transformer_mt.data.words import seen_words, training_words
 from transformer_mt.decoding import confidence_report, robustness
 from transformer_mt.decoding.calibration import fit_calibration, fitted_for, search_name
-from transformer_mt.decoding.confidence import Rater, write_calibration
+from transformer_mt.decoding.confidence import Calibration, Rater, write_calibration
 from transformer_mt.decoding.metrics import Scores, bleu_and_length, score
 from transformer_mt.decoding.translator import Translation, Translator
 from transformer_mt.documents import report as documents_report
@@ -156,12 +156,19 @@ def _confidence(cfg: EvaluateConfig, engine: Translator, best: list[Translation]
     if cfg.calibrate:
         calibration = fit_calibration(best, references, fitted_for(engine, name, cfg.decoding))
         written = str(write_calibration(run_dir, calibration))
-        for t in best:
-            if t.confidence is not None:
-                t.confidence, t.word_confidences = calibration.applied(t.confidence, t.word_confidences or [])
+        best = [_calibrated(t, calibration) for t in best]
         engine.rater = Rater(calibration)
     section = confidence_report.report(best, references, cfg.seed, engine.rater.calibration is not None)
     return section if written is None else {**section, "calibration_written": written}
+
+
+def _calibrated(t: Translation, calibration: Calibration) -> Translation:
+    """A translation rated without a calibration, rated with it: a new one (the translations of a repeated
+    source are one object, which must not go through the curves twice)."""
+    if t.confidence is None:
+        return t
+    confidence, words = calibration.applied(t.confidence, t.word_confidences or [])
+    return dataclasses.replace(t, confidence=confidence, word_confidences=words)
 
 
 def _best(engine: Translator | DocumentTranslator, sources: list[str], **options: Any) -> list[str]:
