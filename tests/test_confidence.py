@@ -316,8 +316,9 @@ def test_translate_writes_json_lines_with_the_tsv_score_beside(fitted: Path, raw
         assert obj["confidence"] == pytest.approx(t.confidence, abs=1e-4)
         assert [w for w, _ in obj["words"]] == text.split()
         assert [c for _, c in obj["words"]] == pytest.approx([c for _, c in t.word_confidences], abs=1e-4)
-    # an uncalibrated model: said once in the log, with the command that calibrates it
-    assert rows.stderr.count("confidences are uncalibrated") == 1
+    # an uncalibrated model: said once in the log, with the command that calibrates it; text output shows
+    # no confidence and computes none
+    assert rows.stderr.count("confidences are uncalibrated") == 1 and "uncalibrated" not in plain.stderr
     how = f"transformer-mt evaluate checkpoint={fitted / 'best.pt'} split=valid calibrate=true"
     assert how in rows.stderr
 

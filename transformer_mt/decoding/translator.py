@@ -205,10 +205,12 @@ class TextTranslator:
                   prefixes: str | list[str] | None = None, tgt_lang: str | None = None,
                   **options: Any) -> str | list[str]:
         """Best translation of one sentence (a string) or of each sentence of a list (with a prefix
-        each: a string, or a list), into `tgt_lang` (a model of several target languages)."""
+        each: a string, or a list), into `tgt_lang` (a model of several target languages). Text alone:
+        no confidence is computed (translate_nbest's translations carry it)."""
         single = isinstance(sentences, str)
         batch = [sentences] if single else list(sentences)
         starts = [prefixes] if isinstance(prefixes, str) else prefixes
+        options = {"confidence": False, **options}
         best = [nbest[0].text for nbest in self.translate_nbest(batch, beam_size=beam_size, prefixes=starts,
                                                                 tgt_lang=tgt_lang, **options)]
         return best[0] if single else best

@@ -261,6 +261,10 @@ def translate(cfg: TranslateConfig) -> None:
     """Entry point of `transformer-mt translate`."""
     fmt = format_for(cfg.input, cfg.document.format)
     document = read_first(cfg, fmt)
+    # Confidence costs a forced pass more: only where the output shows it (jsonl) or a threshold reads it.
+    shown = cfg.output_format == "jsonl" or cfg.decoding.min_confidence is not None
+    cfg = dataclasses.replace(cfg, decoding=dataclasses.replace(cfg.decoding,
+                                                                confidence=cfg.decoding.confidence and shown))
     engine = load_engine(cfg)
     check_default_prefix(engine)
     docs = DocumentTranslator.for_engine(engine, cfg.document)
