@@ -19,13 +19,14 @@ The state is tensors, so a search step costs no host read:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from transformer_mt.data.tokenizer import SPECIAL_TOKENS, Vocabulary
+from transformer_mt.decoding.glossary import Entry, TermUse, holds_term
 
 TermIds = Sequence[Sequence[int]]  # the variants of one target term, each its token ids
 
@@ -88,6 +89,30 @@ def fit_terms(terms: Sequence[TermIds], room: int) -> tuple[list[int], list[Term
             kept.append(i)
             used += shortest(term)
     return kept, refused
+
+
+def sentence_terms(entries: Sequence[Entry], variants: Callable[[str], list[list[int]]],
+                   room: int) -> tuple[list[TermIds], list[TermUse]]:
+    """The terms one sentence is searched with (its entries' target terms, each once, as `variants` gives
+    their ids; at most what `room` output tokens hold, `fit_terms`), and the refusal of each other entry."""
+    targets = list(dict.fromkeys(e.target for e in entries))
+    ids = [variants(t) for t in targets]
+    kept, refused = fit_terms(ids, room)
+    why = {targets[r.index]: r.reason for r in refused}
+    uses = [TermUse(e.source, e.target, "refused", why[e.target]) for e in entries if e.target in why]
+    return [ids[k] for k in kept], uses
+
+
+def terms_used(entries: Sequence[Entry], refused: Sequence[TermUse], text: str) -> list[TermUse]:
+    """How each of a sentence's entries fared in its translation `text`: refused as `refused` says, else
+    met when the text holds its target term, else missing."""
+    out = {u.source: u for u in refused}
+    for e in entries:
+        if e.source not in out:
+            out[e.source] = (TermUse(e.source, e.target, "met") if holds_term(text, e.target) else
+                             TermUse(e.source, e.target, "missing", "the search wrote it, but it is not in "
+                                     "the text as written out (as whole words)"))
+    return [out[e.source] for e in entries]
 
 
 def _automaton(variant: Sequence[int]) -> list[list[int]]:

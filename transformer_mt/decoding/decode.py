@@ -16,7 +16,7 @@ from transformer_mt.config import DecodingConfig
 from transformer_mt.data import length_sorted_batches, pad_sources
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.decoding.beam import bank_greedy_search, beam_search
-from transformer_mt.decoding.constraints import Constraints, TermIds
+from transformer_mt.decoding.constraints import Constraints, TermIds, shortest
 from transformer_mt.decoding.search import Hypothesis, StopCheck, greedy_search, sample
 from transformer_mt.model import Transformer
 from transformer_mt.runtime.device import autocast
@@ -45,7 +45,7 @@ def decode_ids(
     results: list[list[Hypothesis]] = [[] for _ in src_ids]
     try:
         with autocast(device, amp):
-            for batch in decoding_batches([len(s) for s in src_ids], decoding, device):
+            for batch in decoding_batches([len(s) for s in src_ids], decoding, device, _widest(decoding, terms)):
                 src = pad_sources([list(src_ids[i]) for i in batch], PAD_ID).to(device)
                 forced = [prefixes[i] for i in batch] if prefixes else None
                 hard = [terms[i] for i in batch] if terms else None
@@ -57,12 +57,21 @@ def decode_ids(
     return results
 
 
-def decoding_batches(lengths: Sequence[int], decoding: DecodingConfig,
-                     device: torch.device) -> list[list[int]]:
-    """The batches `decode_ids` decodes sentences of these source lengths in (indices, shortest first)."""
+def decoding_batches(lengths: Sequence[int], decoding: DecodingConfig, device: torch.device,
+                     rows: int | None = None) -> list[list[int]]:
+    """The batches `decode_ids` decodes sentences of these source lengths in (indices, shortest first),
+    each sentence searched with `rows` hypotheses (None: 1 for sampling, else beam_size)."""
     # Beam search holds beam_size rows per sentence: budget the batch by what is really computed.
-    budget = max(1, decoding.batch_tokens_on(device) // (1 if decoding.sampling else decoding.beam_size))
-    return length_sorted_batches(lengths, budget)
+    rows = rows or (1 if decoding.sampling else decoding.beam_size)
+    return length_sorted_batches(lengths, max(1, decoding.batch_tokens_on(device) // rows))
+
+
+def _widest(decoding: DecodingConfig, terms: Sequence[Sequence[TermIds]] | None) -> int | None:
+    """Rows per sentence where terms make greedy search wider: its C + 1 banks (C: the most tokens one
+    sentence's terms take), else None (the search's own)."""
+    if not terms or decoding.sampling or decoding.beam_size > 1:
+        return None
+    return 1 + max(sum(shortest(t) for t in sentence) for sentence in terms)
 
 
 def _search(model: Transformer, src: torch.Tensor, decoding: DecodingConfig, return_attention: bool,
