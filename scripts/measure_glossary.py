@@ -45,6 +45,7 @@ from transformer_mt.tables import markdown_table
 WORD = re.compile(r"\w+|[^\w\s]")
 COMMON = 100  # a term holds a word outside its side's most frequent
 MAX_WORDS = 3
+APOSTROPHES = ("'", "’")
 ALIGN_PAIRS = 100_000  # training pairs the aligner sees besides the test split
 
 
@@ -86,6 +87,14 @@ def phrase_pairs(src: list[str], tgt: list[str], links: set[tuple[int, int]]) ->
     return out
 
 
+def word_edges(text: str, phrase: str) -> bool:
+    """The phrase starts and ends with a word character and is no part of a contraction (`'ve`, `qu'`)."""
+    at = text.find(phrase)
+    before, after = text[at - 1:at] if at > 0 else "", text[at + len(phrase):at + len(phrase) + 1]
+    return bool(re.match(r"\w", phrase) and re.search(r"\w$", phrase)) and before not in APOSTROPHES and \
+        after not in APOSTROPHES
+
+
 def once(text: str, phrase: str) -> bool:
     pattern = r"\s*".join(map(re.escape, phrase.split()))
     return len(re.findall(rf"(?<!\w){pattern}(?!\w)", text, re.IGNORECASE)) == 1
@@ -99,8 +108,18 @@ def source_phrase(text: str, tokens: list[str]) -> str | None:
 
 
 def candidate_terms(sources: list[str], references: list[str], links: list[set[tuple[int, int]]],
-                    common_src: set[str], common_tgt: set[str]) -> list[list[Entry]]:
-    """Each test pair's usable term pairs (step 2 of the module docstring)."""
+                    common_src: set[str], common_tgt: set[str],
+                    cased: collections.Counter[str] | None = None) -> list[list[Entry]]:
+    """Each test pair's usable term pairs (step 2 of the module docstring). `cased`: how often each word
+    is written in the training pairs, as written: a sentence's first word is lowercased where its
+    lowercase form is the more common (`This`, not `Tom`)."""
+    cased = cased if cased is not None else collections.Counter()
+
+    def first(phrase: str) -> str:
+        word = phrase.split()[0]
+        lower = word[0].lower() + word[1:]
+        return lower + phrase[len(word):] if cased[lower] > cased[word] else phrase
+
     out = []
     for source, reference, pair_links in zip(sources, references, links, strict=True):
         src, tgt = words(source), words(reference)
@@ -112,11 +131,11 @@ def candidate_terms(sources: list[str], references: list[str], links: list[set[t
             if all(w.lower() in common_src for w in s_words) or all(w.lower() in common_tgt for w in t_words):
                 continue
             s_text, t_text = source_phrase(source, s_words), source_phrase(reference, t_words)
-            if s_text and t_text and once(source, s_text) and once(reference, t_text):
-                # A sentence's first word is capitalised for being first: the term is the word itself.
-                s_text = s_text[0].lower() + s_text[1:] if i == 0 else s_text
-                t_text = t_text[0].lower() + t_text[1:] if k == 0 else t_text
-                terms.append(Entry(s_text, t_text))
+            if not (s_text and t_text and word_edges(source, s_text) and word_edges(reference, t_text)):
+                continue
+            if once(source, s_text) and once(reference, t_text):
+                # A sentence's first word may be capitalised for being first: the term is the word itself.
+                terms.append(Entry(first(s_text) if i == 0 else s_text, first(t_text) if k == 0 else t_text))
         out.append(terms)
     return out
 
@@ -170,7 +189,8 @@ def main() -> None:
     links = align(list(sources) + train_src, list(references) + train_tgt)[:len(sources)]
     common = [{w for w, _ in collections.Counter(w.lower() for t in side for w in words(t)).most_common(COMMON)}
               for side in (train_src, train_tgt)]
-    chosen = choose(candidate_terms(sources, references, links, *common), sources, args.one, args.two,
+    cased = collections.Counter(w for side in (train_src, train_tgt) for t in side for w in words(t))
+    chosen = choose(candidate_terms(sources, references, links, *common, cased), sources, args.one, args.two,
                     args.seed)
     picked = sorted(chosen)
     texts, refs = [sources[i] for i in picked], [references[i] for i in picked]
