@@ -71,19 +71,22 @@ def align(sources: Sequence[str], targets: Sequence[str]) -> list[set[tuple[int,
     return both
 
 
-def phrase_pairs(src: list[str], tgt: list[str], links: set[tuple[int, int]]) -> list[tuple[int, int, int, int]]:
-    """Tight phrase pairs (i, j, k, l: src[i:j], tgt[k:l]) consistent with the links, 1..MAX_WORDS words."""
+Phrase = tuple[int, int, int, int]  # src[i:j] and tgt[k:m]
+
+
+def phrase_pairs(src: list[str], tgt: list[str], links: set[tuple[int, int]]) -> list[Phrase]:
+    """Tight phrase pairs (i, j, k, m: src[i:j], tgt[k:m]) consistent with the links, 1..MAX_WORDS words."""
     out = []
     for i in range(len(src)):
         for j in range(i + 1, min(i + MAX_WORDS, len(src)) + 1):
             linked = [t for s, t in links if i <= s < j]
             if not linked:
                 continue
-            k, l = min(linked), max(linked) + 1
-            if l - k > MAX_WORDS or any(i > s or s >= j for s, t in links if k <= t < l):
+            k, m = min(linked), max(linked) + 1
+            if m - k > MAX_WORDS or any(i > s or s >= j for s, t in links if k <= t < m):
                 continue
-            if {i, j - 1} <= {s for s, _ in links} and {k, l - 1} <= {t for _, t in links}:
-                out.append((i, j, k, l))
+            if {i, j - 1} <= {s for s, _ in links} and {k, m - 1} <= {t for _, t in links}:
+                out.append((i, j, k, m))
     return out
 
 
@@ -124,8 +127,8 @@ def candidate_terms(sources: list[str], references: list[str], links: list[set[t
     for source, reference, pair_links in zip(sources, references, links, strict=True):
         src, tgt = words(source), words(reference)
         terms = []
-        for i, j, k, l in phrase_pairs([w.lower() for w in src], [w.lower() for w in tgt], pair_links):
-            s_words, t_words = src[i:j], tgt[k:l]
+        for i, j, k, m in phrase_pairs([w.lower() for w in src], [w.lower() for w in tgt], pair_links):
+            s_words, t_words = src[i:j], tgt[k:m]
             if not any(w.isalpha() for w in s_words + t_words):
                 continue
             if all(w.lower() in common_src for w in s_words) or all(w.lower() in common_tgt for w in t_words):
@@ -187,11 +190,12 @@ def main() -> None:
     train_src, train_tgt = load_pairs(DatasetConfig(**engine.info["config"]["dataset"]), "train")
     train_src, train_tgt = train_src[:ALIGN_PAIRS], train_tgt[:ALIGN_PAIRS]
     links = align(list(sources) + train_src, list(references) + train_tgt)[:len(sources)]
-    common = [{w for w, _ in collections.Counter(w.lower() for t in side for w in words(t)).most_common(COMMON)}
-              for side in (train_src, train_tgt)]
+    sides = (train_src, train_tgt)
+    counts = [collections.Counter(w.lower() for t in side for w in words(t)) for side in sides]
+    common = [{w for w, _ in c.most_common(COMMON)} for c in counts]
     cased = collections.Counter(w for side in (train_src, train_tgt) for t in side for w in words(t))
-    chosen = choose(candidate_terms(sources, references, links, *common, cased), sources, args.one, args.two,
-                    args.seed)
+    candidates = candidate_terms(sources, references, links, *common, cased)
+    chosen = choose(candidates, sources, args.one, args.two, args.seed)
     picked = sorted(chosen)
     texts, refs = [sources[i] for i in picked], [references[i] for i in picked]
     terms = [chosen[i] for i in picked]
@@ -206,7 +210,7 @@ def main() -> None:
         engine.decoding = DecodingConfig(beam_size=beam)
         outputs: dict[str, list[str]] = {}
 
-        def run(with_terms: bool) -> None:
+        def run(with_terms: bool, outputs: dict[str, list[str]] = outputs) -> None:
             found = engine.translate_nbest(texts, terms=terms if with_terms else None)
             outputs[str(with_terms)] = [n[0].text for n in found]
 
@@ -219,8 +223,9 @@ def main() -> None:
             s = score(out, refs)
             per[label] = {"terms_in_output": held / report["terms"], "bleu": s.bleu, "chrf": s.chrf,
                           "sentences_per_s": len(texts) / statistics.median(seconds[label])}
-            rows.append([name, label, f"{100 * held / report['terms']:.1f}%", f"{s.bleu:.2f}", f"{s.chrf:.2f}",
-                         f"{per[label]['sentences_per_s']:.1f}"])
+            speed = per[label]["sentences_per_s"]
+            rate = f"{100 * held / report['terms']:.1f}%"
+            rows.append([name, label, rate, f"{s.bleu:.2f}", f"{s.chrf:.2f}", f"{speed:.1f}"])
         report["searches"][name] = per
 
     engine.decoding = DecodingConfig(beam_size=5)
@@ -237,8 +242,8 @@ def main() -> None:
     warning = load_warning()
     if warning:
         report["load_warning"] = warning
-    print(f"{report['machine']}; {len(picked)} test sentences of {run_dir} ({report['one_term']} with one term, "
-          f"{report['two_terms']} with two; {report['terms']} terms)")
+    print(f"{report['machine']}; {len(picked)} test sentences of {run_dir} ({report['one_term']} with one "
+          f"term, {report['two_terms']} with two; {report['terms']} terms)")
     print(markdown_table(["search", "terms", "terms in output", "BLEU", "chrF", "sentences/s"], rows))
     print(f"whole test split with every term in one glossary: {same} of {len(untouched)} sentences without a "
           "term identical to decoding without a glossary (beam 5)")

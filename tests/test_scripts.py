@@ -64,16 +64,17 @@ def test_glossary_terms_come_from_consistent_phrase_pairs(script) -> None:
     links = {(0, 0), (1, 2), (2, 1), (3, 3), (4, 4)}
     pairs = measure.phrase_pairs(src, tgt, links)
     assert (1, 3, 1, 3) in pairs and (1, 2, 2, 3) in pairs  # "red car" ~ "voiture rouge", "red" ~ "rouge"
-    assert (0, 2, 0, 3) not in pairs and all(j - i <= 3 and l - k <= 3 for i, j, k, l in pairs)
-    assert all(not ({(s, t) for s, t in links if i <= s < j} ^ {(s, t) for s, t in links if k <= t < l})
-               for i, j, k, l in pairs)  # consistent: no link leaves the pair on either side
+    assert (0, 2, 0, 3) not in pairs and all(j - i <= 3 and m - k <= 3 for i, j, k, m in pairs)
+    assert all(not ({(s, t) for s, t in links if i <= s < j} ^ {(s, t) for s, t in links if k <= t < m})
+               for i, j, k, m in pairs)  # consistent: no link leaves the pair on either side
     terms = measure.candidate_terms(["The red car is here."], ["La voiture rouge est là."], [links],
                                     {"the", "is", "here"}, {"la", "est", "là"})
     got = {(e.source, e.target) for e in terms[0]}
     assert ("red", "rouge") in got and ("red car", "voiture rouge") in got and ("car", "voiture") in got
     assert all(e.source != "the" and e.target != "est" for e in terms[0])
-    candidates = [[measure.Entry("red", "rouge"), measure.Entry("car", "voiture")], [measure.Entry("dog", "chien")],
-                  [measure.Entry("cat", "chat")], []]
+    entry = measure.Entry
+    candidates = [[entry("red", "rouge"), entry("car", "voiture")], [entry("dog", "chien")],
+                  [entry("cat", "chat")], []]
     chosen = measure.choose(candidates, ["red car", "dog", "cat", "x"], one=2, two=1, seed=1)
     assert sorted(len(t) for t in chosen.values()) == [1, 1, 2] and 3 not in chosen
 

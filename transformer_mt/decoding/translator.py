@@ -15,7 +15,6 @@ what a notebook gets is what the CLI prints.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,9 +28,10 @@ from transformer_mt.config import DecodingConfig, DeviceConfig
 from transformer_mt.data.text_variants import CASES, one_case, sentence_case
 from transformer_mt.data.tokenizer import Vocabulary
 from transformer_mt.decoding.alignment import source_words, target_words, word_alignment
-from transformer_mt.decoding.constraints import TermIds, sentence_terms, term_variants, terms_used
+from transformer_mt.decoding.constraints import terms_used
 from transformer_mt.decoding.decode import decode_ids
 from transformer_mt.decoding.glossary import Entry, Glossary, TermUse, sentence_entries
+from transformer_mt.decoding.glossary_user import GlossaryUser
 from transformer_mt.decoding.scoring import PairScore, forced_attention, score_pairs
 from transformer_mt.decoding.search import StopCheck
 from transformer_mt.errors import ConfigError, DataError
@@ -65,7 +65,7 @@ class Unfit:
     reason: str
 
 
-class TextTranslator:
+class TextTranslator(GlossaryUser):
     """What every engine offers on top of its own `translate_nbest`: strings in, strings out.
 
     Subclasses set `vocab`, `decoding` and `tgt_lang`, and call `limit_inputs`. A model of several target
@@ -78,7 +78,6 @@ class TextTranslator:
     info: dict[str, Any]  # what the engine runs: the checkpoint, its step, the run's config ...
     tgt_lang: str | None = None
     known_words: frozenset[str] | None = None  # the training pairs' words (data/words.py), where known
-    glossary: Glossary | None = None  # decoding.glossary: the terms every translation must hold
     max_input_tokens: int
     max_prefix_tokens: int
     max_positions: int
@@ -162,31 +161,6 @@ class TextTranslator:
         """translate_nbest of the sentences as the model gets them (with each one's glossary entries, or
         None): each engine's own search."""
         raise NotImplementedError
-
-    def use_glossary(self, glossary: Glossary | None) -> None:
-        """Translate with `glossary` from now on (None: without); a DataError naming the first entry whose
-        target term this model cannot write, or not within its positions."""
-        for e in glossary.entries if glossary is not None else ():
-            ids = self.term_variants(e.target)
-            where = f"{glossary.name}: line {e.line}" if e.line else f"{glossary.name}: {e.source!r}"
-            if not ids:
-                raise DataError(f"{where}: this model's vocabulary cannot write the target term {e.target!r} "
-                                "(a word or character it never saw); spell it with words the model knows "
-                                "or drop the line")
-            if min(map(len, ids)) > self.max_prefix_tokens:
-                raise DataError(f"{where}: the target term takes {min(map(len, ids))} tokens; this model "
-                                f"writes at most {self.max_prefix_tokens}: shorten it")
-        self.glossary = glossary
-
-    def term_variants(self, target: str) -> list[list[int]]:
-        """The token ids a target term can take in an output (`constraints.term_variants`), cached."""
-        if target not in self._variants:
-            self._variants[target] = term_variants(self.vocab, target)
-        return self._variants[target]
-
-    @functools.cached_property
-    def _variants(self) -> dict[str, list[list[int]]]:
-        return {}
 
     def prefix_ids(self, sentences: list[str], prefixes: list[str] | None,
                    decoding: DecodingConfig) -> list[list[int]] | None:
@@ -311,7 +285,15 @@ class Translator(TextTranslator):
             return results
         hyps = decode_ids(self.model, [ids[i] for i in real], decoding, self.device, amp=self.precision.dtype,
                           prefixes=[forced[i] for i in real] if forced else None, should_stop=should_stop,
-                          terms=[hard[i] for i in real] if hard else None)
+                          terms=[hard[i] for i in real] if hard else None,
+                          edges=self.edges() if hard else None)
+        lost = [k for k, h in enumerate(hyps) if not h]  # no way to write its terms as words in its limit
+        if lost:
+            again = decode_ids(self.model, [ids[real[k]] for k in lost], decoding, self.device,
+                               amp=self.precision.dtype, should_stop=should_stop,
+                               prefixes=[forced[real[k]] for k in lost] if forced else None)
+            for k, h in zip(lost, again):
+                hyps[k] = h
         # Attention of the best hypotheses alone, from a forced pass over them: the search would keep
         # every layer and head for every hypothesis it holds, beams and n-best lists over.
         best = [nbest[0].tokens for nbest in hyps]
@@ -334,15 +316,6 @@ class Translator(TextTranslator):
             for t in nbest:
                 t.terms = terms_used(terms[i], refused[i], t.text)  # type: ignore[index]
         return results
-
-    def term_ids(self, terms: list[list[Entry]],
-                 forced: list[list[int]] | None) -> tuple[list[list[TermIds]], list[list[TermUse]]]:
-        """Each sentence's target terms as the search takes them (`constraints.sentence_terms`: as many as
-        the model's positions hold after its prefix), and the entries refused."""
-        found = [sentence_terms(entries, self.term_variants,
-                                self.max_prefix_tokens - len(forced[i] if forced else []))
-                 for i, entries in enumerate(terms)]
-        return [ids for ids, _ in found], [uses for _, uses in found]
 
     def _align(self, sentences: list[str], ids: list[list[int]], results: list[list[Translation]],
                outputs: dict[int, list[list[int]]], decoding: DecodingConfig, lead: int,

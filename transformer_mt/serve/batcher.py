@@ -288,8 +288,8 @@ class Batcher:
             self.batch_sizes[len(texts)] += 1
 
     def _glossary(self, terms: tuple[tuple[str, str], ...] | None) -> Glossary | None:
-        """The server's glossary with a request's terms over it (None: the server's, as the engine has it); through
-        `self.glossary`, which keeps the last few built (the patterns of a large glossary take a while)."""
+        """The server's glossary with a request's terms over it (None: the server's, as the engine has it);
+        through `self.glossary`, which keeps the last few built (a large glossary's patterns take a while)."""
         if terms is None:
             return None  # the engine's own
         server = self.engine.engine.glossary

@@ -44,8 +44,8 @@ class TranslateRequest(BaseModel):
         "text", description="text: each text split into sentences; markdown, html, srt: each text a "
         "document, translated with its structure (markup, code, cue numbers and timings) as it was")
     glossary: dict[str, str] | None = Field(None, description="{source term: target term}: where a source "
-                                            "term occurs, its translation holds the target term (added to the "
-                                            "server's decoding.glossary, over its entry for the same term)")
+                                            "term occurs, its translation holds the target term (added to "
+                                            "the server's decoding.glossary, over its entry for the term)")
 
     def search(self) -> Search:
         """What the request asks of the search (requests that ask the same decode together)."""
