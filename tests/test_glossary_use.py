@@ -134,6 +134,27 @@ def test_a_term_too_long_for_the_model_is_refused_and_reported(tiny_engine: Tran
     assert tiny_engine.glossary is None
 
 
+def test_a_sentence_left_without_a_hypothesis_is_translated_without_its_terms(
+        tiny_engine: Translator, pairs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search's last resort (no way to write its terms as words within its limit): the sentence is
+    translated as without them, and its terms reported missing, never an empty answer."""
+    import transformer_mt.decoding.translator as translator
+
+    sources, _, terms = pairs
+    k = next(i for i, t in enumerate(terms) if t)
+    search = translator.decode_ids
+
+    def lose_the_first(*args: Any, **kwargs: Any) -> list:
+        found = search(*args, **kwargs)
+        return [[], *found[1:]] if kwargs.get("terms") else found
+    monkeypatch.setattr(translator, "decode_ids", lose_the_first)
+    best = tiny_engine.translate_nbest([sources[k]], terms=[terms[k]])[0][0]
+    plain = tiny_engine.translate_nbest([sources[k]])[0][0]
+    assert (best.text, best.score) == (plain.text, plain.score)
+    held = holds_term(plain.text, terms[k][0].target)
+    assert [u.status for u in best.terms] == ["met" if held else "missing"]
+
+
 def test_sampling_and_a_mismatched_list_of_terms_are_one_line_errors(tiny_engine: Translator, pairs) -> None:
     sources, _, terms = pairs
     with pytest.raises(ConfigError, match="decoding.sampling=false"):
