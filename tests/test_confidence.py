@@ -384,6 +384,8 @@ def test_evaluate_reports_confidence_and_calibrates_on_the_validation_split(
     out = tmp_path / "eval"
     test_split = run_cli_here("evaluate", f"checkpoint={run}", "device=cpu", "calibrate=true")
     assert test_split.returncode == 2 and "use split=valid" in test_split.stderr
+    pair = run_cli_here("evaluate", f"checkpoint={run},{run}", "split=valid", "calibrate=true")
+    assert pair.returncode == 2 and "give one checkpoint, not an ensemble" in pair.stderr
     done = run_cli_here("evaluate", f"checkpoint={run}", "device=cpu", "device.amp=off", "split=valid",
                         "calibrate=true", f"output_dir={out}")
     assert done.returncode == 0, done.stderr

@@ -129,6 +129,7 @@ RANGES: dict[str, Rule] = {
     "batching.max_queue": at_least(1),
     "limits.max_texts": at_least(1),
     "limits.max_chars": at_least(1),
+    "limits.max_glossary_terms": at_least(0),
     "limits.max_beam_size": at_least(1),
     "limits.timeout_s": POSITIVE,
     "limits.body_timeout_s": POSITIVE,
@@ -208,6 +209,9 @@ def _decoding_relations(dc: schema.DecodingConfig) -> list[str]:
     found = n_best_in_beam(dc.n_best, dc.beam_size)
     if dc.min_confidence is not None and not dc.confidence:
         found.append(f"decoding.min_confidence={dc.min_confidence} needs decoding.confidence=true")
+    if dc.glossary and dc.sampling:
+        found.append("decoding.glossary needs beam or greedy search: its terms are hard constraints; set "
+                     "decoding.sampling=false or drop the glossary")
     return found
 
 
@@ -224,6 +228,8 @@ def _train_relations(cfg: commands.TrainConfig) -> list[str]:
     return found
 
 
+GLOSSARY_ON_CT2 = ("decoding.glossary runs on engine=pytorch: CTranslate2 has no lexical constraints (it "
+                   "forces prefixes only)")
 _CHECKPOINT = "checkpoint= is required: a .pt file or a run directory under saved_weights/"
 
 
@@ -233,6 +239,8 @@ def _engine_relations(cfg: commands.EngineConfig) -> list[str]:
         found.append("engine=ctranslate2 runs on cpu or cuda, not mps; set device=cpu")
     if cfg.engine == "ctranslate2" and cfg.decoding.alignment:
         found.append("decoding.alignment=true runs on engine=pytorch (it reads the model's cross-attention)")
+    if cfg.engine == "ctranslate2" and cfg.decoding.glossary:
+        found.append(GLOSSARY_ON_CT2)
     return found
 
 
@@ -271,6 +279,8 @@ def _evaluate_relations(cfg: commands.EvaluateConfig) -> list[str]:
     if cfg.decoding.alignment:
         found.append("decoding.alignment=true is for translate and serve; evaluate scores the translations "
                      "alone")
+    if cfg.calibrate and "," in (cfg.checkpoint or ""):
+        found.append("calibrate=true fits one checkpoint's confidence; give one checkpoint, not an ensemble")
     if cfg.calibrate and not cfg.decoding.confidence:
         found.append("calibrate=true fits confidence: drop decoding.confidence=false")
     if cfg.calibrate and cfg.split == "test" and not (cfg.tsv_file or cfg.src_file):

@@ -293,6 +293,9 @@ class DecodingConfig(SearchConfig):
     confidence: bool = True
     min_confidence: float | None = None  # a translation below this confidence is low (null: none is)
     low_confidence: str = "mark"  # mark: flagged (jsonl, serve) and counted | withhold: its text left out
+    # A UTF-8 TSV file `source term<TAB>target term` a line: where a source term occurs, its target term is
+    # in the translation (hard constraints of beam and greedy search; docs/decoding.md)
+    glossary: str | None = None
 
 
 @dataclass

@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +29,12 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from tokenizers import Tokenizer
 
+from transformer_mt.decoding.alignment import target_words
+from transformer_mt.decoding.scoring import token_log_probs
 from transformer_mt.errors import DataError
+from transformer_mt.model import Ensemble, Transformer
 from transformer_mt.runtime.files import write_output
 
 log = logging.getLogger(__name__)
@@ -164,17 +169,30 @@ class Rater:
         self.how_to_fit = how_to_fit  # None: nothing to say (a calibration being fitted wants raw values)
         self.seconds = 0.0  # spent in the forced passes: what evaluate's speed leaves out
 
-    def rate(self, log_probs: torch.Tensor, owners: Sequence[int | None], text: str) -> tuple[float,
-                                                                                           WordConfidences]:
-        """A translation's confidence and its words' from its tokens' log-probabilities (pieces, <eos>)."""
+    def rate(self, log_probs: torch.Tensor, ids: Sequence[int], tok: Tokenizer,
+             text: str) -> tuple[float, WordConfidences]:
+        """A translation's confidence and its words' from its tokens' log-probabilities (pieces, <eos>);
+        `ids` its pieces (the target vocabulary `tok`'s), `text` as printed."""
         if self.calibration is None and self.how_to_fit:
             log.info("confidences are uncalibrated (the model's own probabilities: they rank this model's "
                      "translations, but mean different things for different models); %s", self.how_to_fit)
             self.how_to_fit = None
         words = text.split()
         sentence, word = self._curves()
-        scored = word_scores(log_probs, owners, len(words))
+        scored = word_scores(log_probs, target_words(tok, ids), len(words))
         return sentence(sentence_score(log_probs)), [(w, word(s)) for w, s in zip(words, scored)]
+
+    def rate_forced(self, model: Transformer | Ensemble, src: Sequence[Sequence[int]],
+                    best: Sequence[Sequence[int]], texts: Sequence[str], tok: Tokenizer, device: torch.device,
+                    batch_tokens: int, amp: torch.dtype | None,
+                    should_stop: Callable[[], bool] | None = None) -> list[tuple[float, WordConfidences]]:
+        """`rate` of each output (ids `best` of sources `src`, printed as `texts`), its tokens'
+        log-probabilities read by one teacher-forced pass of `model` over them all, batched by length."""
+        started = time.perf_counter()
+        gained = token_log_probs(model, src, best, device, batch_tokens, amp, should_stop)
+        rated = [self.rate(g, ids, tok, text) for g, ids, text in zip(gained, best, texts, strict=True)]
+        self.seconds += time.perf_counter() - started
+        return rated
 
     def _curves(self) -> tuple[Callable[[float], float], Callable[[float], float]]:
         if self.calibration is None:

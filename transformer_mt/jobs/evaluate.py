@@ -27,6 +27,7 @@ from transformer_mt.data.words import seen_words, training_words
 from transformer_mt.decoding import confidence_report, robustness
 from transformer_mt.decoding.calibration import fit_calibration, fitted_for, search_name
 from transformer_mt.decoding.confidence import Calibration, Rater, write_calibration
+from transformer_mt.decoding.glossary import count_terms, read_glossary
 from transformer_mt.decoding.metrics import Scores, bleu_and_length, score
 from transformer_mt.decoding.translator import Translation, Translator
 from transformer_mt.documents import report as documents_report
@@ -71,8 +72,10 @@ def evaluate(cfg: EvaluateConfig) -> float:
     """Entry point of `transformer-mt evaluate`: returns BLEU."""
     assert cfg.checkpoint is not None  # validate() requires it
     configure_threads(cfg.device)
+    glossary = read_glossary(cfg.decoding.glossary)  # before the model: a bad file is one line, and no wait
     engine = Translator.from_checkpoint(cfg.checkpoint, device=select_device(cfg.device),
                                         decoding=cfg.decoding, amp=cfg.device.amp, tgt_lang=cfg.tgt_lang)
+    engine.use_glossary(glossary)
     checkpoint = Path(engine.info["checkpoint"])
     lang = engine.tgt_lang if engine.vocab.target_languages else None
     sources, references, name = load_eval_set(cfg, checkpoint.parent, engine.info["config"], lang)
@@ -80,15 +83,10 @@ def evaluate(cfg: EvaluateConfig) -> float:
         sources, references = sources[: cfg.max_sentences], references[: cfg.max_sentences]
     if not sources:
         raise DataError(f"the {name} set is empty; nothing to evaluate")
-    if cfg.calibrate and "ensemble" in engine.info:
-        raise ConfigError("calibrate=true fits one checkpoint's confidence; give one checkpoint")
     if cfg.calibrate:
         engine.rater = Rater(None)  # the model's own probabilities: what a calibration is fitted to
 
-    started, rating = time.perf_counter(), engine.rater.seconds
-    best = [nbest[0] for nbest in engine.translate_nbest(sources)]  # as validation decodes: as written
-    rating = engine.rater.seconds - rating  # the forced pass of confidence, left out of the speed
-    seconds = time.perf_counter() - started - rating
+    best, seconds, rating = _translated(engine, sources)
     hypotheses = [t.text for t in best]
     scores = score(hypotheses, references)
     d = cfg.decoding
@@ -104,6 +102,8 @@ def evaluate(cfg: EvaluateConfig) -> float:
     confidence = _confidence(cfg, engine, best, references, checkpoint.parent, name)
     if confidence is not None:
         report["confidence"] = confidence
+    if glossary is not None:
+        report["glossary"] = count_terms(u for t in best for u in t.terms or ())
     out_dir = Path(cfg.output_dir) if cfg.output_dir else checkpoint.parent / "eval"
     members = len(engine.info.get("ensemble", ()))
     stem = f"{name}.{f'ensemble{members}' if members else checkpoint.stem}.{search}"
@@ -133,6 +133,10 @@ def evaluate(cfg: EvaluateConfig) -> float:
           f" on {engine.device} ({engine.precision})")
     if confidence is not None:
         print("\n".join(confidence_report.lines(confidence)))
+    if glossary is not None:
+        terms = report["glossary"]
+        print(f"  glossary: {terms['terms']} terms in the sources, {terms['met']} in their translation, "
+              f"{terms['refused']} refused, {terms['missing']} missing")
     if cfg.robustness:
         print(f"input as people type it (seed {cfg.seed}):")
         print(robustness.table(rows))
@@ -144,6 +148,15 @@ def evaluate(cfg: EvaluateConfig) -> float:
         print(f"  {docs.summary()}")
     print(f"  wrote {out_dir / (stem + '.hyp.txt')} and {stem}.json")
     return scores.bleu
+
+
+def _translated(engine: Translator, sources: list[str]) -> tuple[list[Translation], float, float]:
+    """The best translation of each source, as validation decodes (sentence by sentence, as written); the
+    seconds of the search, and apart those of confidence's forced pass, which its speed leaves out."""
+    started, rating = time.perf_counter(), engine.rater.seconds
+    best = [nbest[0] for nbest in engine.translate_nbest(sources)]
+    rating = engine.rater.seconds - rating
+    return best, time.perf_counter() - started - rating, rating
 
 
 def _confidence(cfg: EvaluateConfig, engine: Translator, best: list[Translation], references: list[str],

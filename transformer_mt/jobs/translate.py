@@ -112,6 +112,14 @@ def output_lines(nbest: list[Translation], cfg: TranslateConfig) -> tuple[list[s
     return format_nbest(nbest, d.n_best, cfg.scores), action is not None
 
 
+def warn_terms(number: int, best: Translation | None) -> None:
+    """One warning per glossary term of input line `number` that its translation does not hold."""
+    for use in best.terms or () if best is not None else ():
+        if use.status != "met":
+            log.warning("line %d: glossary term %r -> %r %s: %s", number, use.source, use.target, use.status,
+                        use.reason)
+
+
 def interactive(docs: DocumentTranslator, cfg: TranslateConfig) -> None:
     """A prompt for a person at a terminal: one sentence at a time until EOF or Ctrl-C."""
     print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
@@ -180,7 +188,8 @@ def write_lines(docs: DocumentTranslator, lines: Iterable[str], out: TextIO, cfg
             chunk, prefixes = [r[0] for r in rows], [r[1] if len(r) > 1 else "" for r in rows]
         results, problems = translate_fitting(docs, chunk, prefixes, first_line=done.count + 1)
         done.failed += problems
-        for nbest in results:
+        for number, nbest in enumerate(results, start=done.count + 1):
+            warn_terms(number, nbest[0] if nbest else None)
             written, low = output_lines(nbest or empty, cfg)
             done.low += low
             for line in written:
