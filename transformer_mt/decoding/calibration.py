@@ -42,7 +42,7 @@ from transformer_mt.decoding.confidence import (
 )
 from transformer_mt.decoding.metrics import sentence_chrfs
 from transformer_mt.decoding.translator import Translation, Translator
-from transformer_mt.errors import DataError
+from transformer_mt.errors import DataError, UserError
 from transformer_mt.runtime.device import select_device
 
 log = logging.getLogger(__name__)
@@ -138,28 +138,29 @@ def fitted_for(engine: Translator, held_out: str, decoding: SearchConfig) -> dic
 
 def calibrate_run(run_dir: Path, sentences: int, search: SearchConfig, device: DeviceConfig) -> Path | None:
     """The end of `train`: the run's checkpoint (its best) calibrated on the last `sentences` pairs of its
-    validation split, with its validation search; calibration.json written into the run directory."""
+    validation split, with its validation search; calibration.json written into the run directory. A run
+    that cannot be (no validation split, a model that writes nothing yet) is done all the same: the log
+    says why, and how to calibrate it later."""
+    try:
+        path = _calibrated_run(run_dir, sentences, search, device)
+    except UserError as ex:
+        log.warning("confidence not calibrated: %s; later: transformer-mt evaluate checkpoint=%s split=valid "
+                    "calibrate=true", ex, run_dir)
+        return None
+    log.info("confidence calibrated on held-out pairs (the last of the validation split): %s", path)
+    return path
+
+
+def _calibrated_run(run_dir: Path, sentences: int, search: SearchConfig, device: DeviceConfig) -> Path:
     valid = split_file(run_dir, "valid")
     if not valid.is_file():
-        log.warning("%s is missing: no calibration of confidence", valid)
-        return None
+        raise DataError(f"{valid} is missing")
     sources, references = load_split_tsv(valid)
     first = max(0, len(sources) - sentences)
-    if len(sources) - first < MIN_SENTENCES:
-        log.warning("%s holds %d pairs: too few to calibrate confidence on", valid, len(sources))
-        return None
     decoding = DecodingConfig(**dataclasses.asdict(search))
     engine = Translator.from_checkpoint(run_dir, device=select_device(device), decoding=decoding,
                                         amp=device.amp)
     translations = raw_translations(engine, sources[first:])
-    try:
-        calibration = fit_calibration(translations, references[first:],
-                                      fitted_for(engine, f"split/valid.tsv, pairs {first + 1}-{len(sources)}",
-                                                 decoding))
-    except DataError as ex:  # a model that writes nothing yet: the run is done all the same
-        log.warning("confidence not calibrated: %s", ex)
-        return None
-    path = write_calibration(run_dir, calibration)
-    log.info("confidence calibrated on %d held-out pairs (the last of the validation split): %s",
-             len(sources) - first, path)
-    return path
+    held_out = f"split/valid.tsv, pairs {first + 1}-{len(sources)}"
+    calibration = fit_calibration(translations, references[first:], fitted_for(engine, held_out, decoding))
+    return write_calibration(run_dir, calibration)

@@ -163,7 +163,7 @@ def _confidence(cfg: EvaluateConfig, engine: Translator, best: list[Translation]
                 run_dir: Path, name: str) -> dict[str, Any] | None:
     """The report's confidence section (None with decoding.confidence=false). With calibrate=true, the
     checkpoint's calibration is fitted on these translations first, written beside it, and applied to them."""
-    if not cfg.decoding.confidence:
+    if not cfg.decoding.confidence or all(t.confidence is None for t in best):  # off, or all empty
         return None
     written = None
     if cfg.calibrate:
