@@ -271,6 +271,19 @@ def test_the_page_translates_with_a_glossary_as_greedy_search_with_terms(
     texts = [f"{sentences[0]} {sentences[1]}", *sentences[2:]]
     with chromium_page(static_server) as (page, _):
         shown = page.evaluate(WITH_TERMS, [list(variants), searches, texts, pasted])
+        page.fill("#source", texts[2])  # through the page's boxes: a line it cannot use, then good ones
+        page.fill("#terms", f"{pasted}no tab here\n")
+        page.click("#translate")
+        page.wait_for_function("document.getElementById('status').textContent.includes('glossary')")
+        refused = page.text_content("#status")
+        page.fill("#terms", pasted)
+        page.click("#translate")
+        page.wait_for_function("document.getElementById('status').textContent.includes('translated in')",
+                               timeout=60_000)
+        boxed, status = page.eval_on_selector("#target", "e => e.value"), page.text_content("#status") or ""
+    assert refused == ("the pasted glossary: line 5 has no tab; write `source term<TAB>target term`, one pair "
+                       "a line")
+    assert boxed == shown["translated"]["translations"][2] and "glossary terms written." in status
     assert shown["variants"] == list(variants.values())
     expected = [decode_ids(engine.model, engine.encode([s]), GREEDY, engine.device, terms=[terms])[0][0]
                 for s, terms in searches]

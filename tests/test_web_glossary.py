@@ -41,7 +41,7 @@ def run_node(**parts: Any) -> Any:
         missing("no node: these tests run the page's JavaScript with it (apt-get install npm brings it)")
     job = {"glossary": {**glossary_rules(), "ordinary": FIRST}, "rules": page_rules(), "find": [],
            "letters": [], "text": "", "read": [], "holds": [], "search": [],
-           "fit": [], "translate": [], "bos": BOS, "eos": EOS, "banned": [PAD, BOS], **parts}
+           "fit": [], "variants": [], "translate": [], "bos": BOS, "eos": EOS, "banned": [PAD, BOS], **parts}
     modules = [m.as_uri() for m in (GLOSSARY_JS, SEARCH_JS, DOCUMENTS_JS)]
     done = subprocess.run([node, str(DRIVER), *modules], input=json.dumps(job), capture_output=True,
                           text=True, check=False, timeout=300)
@@ -109,6 +109,19 @@ def test_a_term_is_held_by_a_translation_as_a_whole_word_by_the_case_rule() -> N
              ("de New  York", "New York", False, True)]
     answer = run_node(holds=[[t, target, any_case] for t, target, any_case, _ in cases])["holds"]
     assert answer == [expected for *_, expected in cases]
+
+
+def test_a_pasted_target_term_the_model_cannot_write_is_refused_in_one_line() -> None:
+    """Variants as term_variants makes them (after a space, glued, capitalised; none holding another),
+    with a tokenizer of a token a character: a term longer than the positions, or with a token the
+    vocabulary lacks, is refused as the export refuses one."""
+    answer = run_node(variants=[["chat", 10], ["chat", 4], ["chüt", 10], ["Chat", 10]])["variants"]
+    ids = {c: ord(c) % 40 + 4 for c in "chatC "}
+    assert answer[0] == [[ids[c] for c in "chat"], [ids[c] for c in "Chat"]]
+    assert answer[1] == "pasted: line 2's target term 'chat' takes 4 tokens; this model writes at most 3"
+    assert answer[2] == ("pasted: line 2's target term 'chüt' has tokens this model's vocabulary lacks; give a "
+                         "term it can write")
+    assert answer[3] == [[ids[c] for c in "Chat"]]
 
 
 # -- greedy search with terms ----------------------------------------------------------------------------

@@ -55,6 +55,14 @@ const out = {
     return best && [best.tokens, best.score];
   })),
   fitted: job.fit.map(([terms, room]) => S.fitTerms(terms, room)),
+  variants: job.variants.map(([target, positions]) => {  // a character a token; ü unknown (<unk>, 3)
+    const encode = (text) => [...text].map((c) => (c === 'ü' ? 3 : (c.codePointAt(0) % 40) + 4));
+    try {
+      return G.withVariants({ source: 's', target, line: 2 }, encode, K, positions, 'pasted').variants;
+    } catch (e) {
+      return e.message;
+    }
+  }),
   translated: [],
 };
 for (const { texts, entries, drops, fold, limit } of job.translate) {

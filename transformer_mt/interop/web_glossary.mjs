@@ -184,3 +184,18 @@ export function holdsTerm(text, target, K, anyCase = false) {
   const source = termSource(anyCase ? target.toLowerCase() : target, K);
   return new RegExp(`(?<!${K.word})(?:${source})(?!${K.word})`, 'u').test(text);
 }
+
+// An entry with its target term's token ids (`termVariants`); an Error of one line when the model cannot
+// write the term, or not within its `positions` (as the export refuses one: web.py::page_glossary).
+export function withVariants(entry, encode, K, positions, name = 'glossary') {
+  const variants = termVariants(encode, entry.target, K);
+  const where = `${name}: line ${entry.line}'s target term ${repr(entry.target)}`;
+  if (!variants.length) {
+    throw new Error(`${where} has tokens this model's vocabulary lacks; give a term it can write`);
+  }
+  const fewest = Math.min(...variants.map((v) => v.length));
+  if (fewest > positions - 1) {
+    throw new Error(`${where} takes ${fewest} tokens; this model writes at most ${positions - 1}`);
+  }
+  return { ...entry, variants };
+}

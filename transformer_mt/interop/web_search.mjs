@@ -229,7 +229,8 @@ function gathered(Tensor, tensor, rows) {
 export async function onnxDecoder(model, Tensor, inputs, bos, cache = true) {
   const memory = await model._encode_input('model', inputs, 'last_hidden_state');
   const copies = (tensor, n) => gathered(Tensor, tensor, new Array(n).fill(0));
-  const ids = (rows) => new Tensor('int64', BigInt64Array.from(rows.flat(), BigInt), [rows.length, rows[0].length]);
+  const ids = (rows) => new Tensor('int64', BigInt64Array.from(rows.flat(), BigInt),
+                                   [rows.length, rows[0].length]);
   const lastLogits = (logits) => {
     const [n, T, V] = logits.dims;
     return Array.from({ length: n }, (_, r) => logits.data.subarray((r * T + T - 1) * V, (r * T + T) * V));
