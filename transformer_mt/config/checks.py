@@ -122,6 +122,7 @@ RANGES: dict[str, Rule] = {
     "batching.max_queue": at_least(1),
     "limits.max_texts": at_least(1),
     "limits.max_chars": at_least(1),
+    "limits.max_glossary_terms": at_least(0),
     "limits.max_beam_size": at_least(1),
     "limits.timeout_s": POSITIVE,
     "limits.body_timeout_s": POSITIVE,
@@ -198,7 +199,11 @@ def n_best_in_beam(n_best: int, beam_size: int, prefix: str = "decoding.") -> li
 
 
 def _decoding_relations(dc: schema.DecodingConfig) -> list[str]:
-    return n_best_in_beam(dc.n_best, dc.beam_size)
+    found = n_best_in_beam(dc.n_best, dc.beam_size)
+    if dc.glossary and dc.sampling:
+        found.append("decoding.glossary needs beam or greedy search: its terms are hard constraints; set "
+                     "decoding.sampling=false or drop the glossary")
+    return found
 
 
 def _train_relations(cfg: commands.TrainConfig) -> list[str]:
@@ -214,6 +219,8 @@ def _train_relations(cfg: commands.TrainConfig) -> list[str]:
     return found
 
 
+GLOSSARY_ON_CT2 = ("decoding.glossary runs on engine=pytorch: CTranslate2 has no lexical constraints (it "
+                   "forces prefixes only)")
 _CHECKPOINT = "checkpoint= is required: a .pt file or a run directory under saved_weights/"
 
 
@@ -223,6 +230,8 @@ def _engine_relations(cfg: commands.EngineConfig) -> list[str]:
         found.append("engine=ctranslate2 runs on cpu or cuda, not mps; set device=cpu")
     if cfg.engine == "ctranslate2" and cfg.decoding.alignment:
         found.append("decoding.alignment=true runs on engine=pytorch (it reads the model's cross-attention)")
+    if cfg.engine == "ctranslate2" and cfg.decoding.glossary:
+        found.append(GLOSSARY_ON_CT2)
     return found
 
 

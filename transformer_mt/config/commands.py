@@ -124,7 +124,8 @@ class LimitsConfig(Section):
 
     KEY = "limits"
     max_texts: int = 64  # texts per request
-    max_chars: int = 1000  # characters per text
+    max_chars: int = 1000  # characters per text (and per glossary term)
+    max_glossary_terms: int = 100  # entries of a request's own glossary
     max_beam_size: int = 16
     timeout_s: float = 60.0  # a request still waiting after this gets 503
     body_timeout_s: float = 10.0  # a body still arriving after this gets 408

@@ -287,6 +287,9 @@ class DecodingConfig(SearchConfig):
     # Input in ALL CAPS or all lowercase: `fold` translates it in sentence case and writes the translation
     # in the input's case (a corpus shows the model few such sentences); `model` gives it as typed.
     input_case: str = "fold"
+    # A UTF-8 TSV file `source term<TAB>target term` a line: where a source term occurs, its target term is
+    # in the translation (hard constraints of beam and greedy search; docs/decoding.md)
+    glossary: str | None = None
 
 
 @dataclass

@@ -23,7 +23,9 @@ from typing import Any
 import torch
 
 from transformer_mt.config import DecodingConfig
+from transformer_mt.config.checks import GLOSSARY_ON_CT2
 from transformer_mt.data.tokenizer import BOS_ID, EOS, EOS_ID, PAD_ID, UNK_ID, Vocabulary
+from transformer_mt.decoding.glossary import Entry, Glossary
 from transformer_mt.decoding.search import (
     DecodingStopped,
     StopCheck,
@@ -196,13 +198,19 @@ class CT2Translator(TextTranslator):
                 hyp[1] = float(sum(s.log_probs))
         return collected
 
+    def use_glossary(self, glossary: Glossary | None) -> None:
+        if glossary is not None:
+            raise ConfigError(GLOSSARY_ON_CT2)
+
     def search_nbest(self, sentences: list[str], return_attention: bool = False,
                      prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
                      tgt_lang: str | None = None, aligned: int | None = None,
-                     **options: Any) -> list[list[Translation]]:
+                     terms: list[list[Entry]] | None = None, **options: Any) -> list[list[Translation]]:
         """n-best translations per sentence (best first); empty input gives one empty translation.
         CTranslate2 decodes a batch in one call: should_stop is asked once, before it."""
         decoding = self.decoding_options(**options)
+        if terms and any(terms):
+            raise ConfigError(GLOSSARY_ON_CT2)
         if self.prefix_ids(sentences, prefixes, decoding):
             raise ConfigError("prefix decoding runs on engine=pytorch; drop decoding.prefix or the prefixes")
         if decoding.alignment:

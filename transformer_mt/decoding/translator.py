@@ -28,7 +28,10 @@ from transformer_mt.config import DecodingConfig, DeviceConfig
 from transformer_mt.data.text_variants import CASES, one_case, sentence_case
 from transformer_mt.data.tokenizer import Vocabulary
 from transformer_mt.decoding.alignment import source_words, target_words, word_alignment
+from transformer_mt.decoding.constraints import terms_used
 from transformer_mt.decoding.decode import decode_ids
+from transformer_mt.decoding.glossary import Entry, Glossary, TermUse, sentence_entries
+from transformer_mt.decoding.glossary_user import GlossaryUser
 from transformer_mt.decoding.scoring import PairScore, forced_attention, score_pairs
 from transformer_mt.decoding.search import StopCheck
 from transformer_mt.errors import ConfigError, DataError
@@ -48,6 +51,7 @@ class Translation:
     tokens: list[str] | None = None
     attention: torch.Tensor | None = None  # (layers, heads, output tokens + eos, source tokens + eos)
     alignment: list[tuple[int, int]] | None = None  # (source word, target word) links, decoding.alignment
+    terms: list[TermUse] | None = None  # with a glossary: each of the sentence's terms, how it fared
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,7 @@ class Unfit:
     reason: str
 
 
-class TextTranslator:
+class TextTranslator(GlossaryUser):
     """What every engine offers on top of its own `translate_nbest`: strings in, strings out.
 
     Subclasses set `vocab`, `decoding` and `tgt_lang`, and call `limit_inputs`. A model of several target
@@ -116,6 +120,7 @@ class TextTranslator:
     def translate_nbest(self, sentences: list[str], return_attention: bool = False,
                         prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
                         tgt_lang: str | None = None, aligned: int | None = None,
+                        terms: Sequence[Sequence[Entry]] | None = None, glossary: Glossary | None = None,
                         **options: Any) -> list[list[Translation]]:
         """n-best translations per sentence (best first); with prefixes, each translation starts with
         its sentence's prefix (decoding.prefix gives one to all); into `tgt_lang` (None: the engine's).
@@ -124,27 +129,37 @@ class TextTranslator:
         each list (None: all) get word alignments, the others none. With decoding.input_case=fold, a
         sentence in ALL CAPS or all lowercase (and no prefix) is translated in sentence case, and its
         translations written in its case.
+        With a glossary (`glossary`, else the engine's), each translation holds the target term of each
+        source term its sentence holds (`Glossary.find` on the text as typed), and says how each fared
+        (`Translation.terms`); `terms` gives each sentence's entries instead (the documents layer does).
         A deterministic search (no sampling, no prefixes) searches each distinct text once: a file's
         repeated lines, or the ALL CAPS and lowercase forms of one sentence, which fold to one text."""
         decoding = self.decoding_options(**options)
+        entries = sentence_entries(sentences, terms, glossary or self.glossary)
+        if decoding.sampling and entries and any(entries):
+            raise ConfigError("a glossary's terms need beam or greedy search; set decoding.sampling=false")
         fold = decoding.input_case == "fold" and not decoding.prefix
         forced = [bool(prefixes and i < len(prefixes) and prefixes[i]) for i in range(len(sentences))]
         cases = [one_case(s) if fold and not f else None for s, f in zip(sentences, forced)]
         texts = [sentence_case(s) if case else s for s, case in zip(sentences, cases)]
-        distinct = list(dict.fromkeys(texts)) if prefixes is None and not decoding.sampling else texts
-        results = self.search_nbest(distinct, return_attention, prefixes, should_stop, tgt_lang, aligned,
-                                    **options)
-        if distinct is not texts:
-            at = {text: i for i, text in enumerate(distinct)}
-            results = [list(results[at[text]]) for text in texts]
+        keys = list(zip(texts, map(tuple, entries))) if entries is not None else texts
+        distinct = list(dict.fromkeys(keys)) if prefixes is None and not decoding.sampling else keys
+        at = {key: i for i, key in enumerate(distinct)}
+        unique = [k[0] for k in distinct] if entries is not None else distinct
+        searched = [list(k[1]) for k in distinct] if entries is not None else None
+        results = self.search_nbest(unique, return_attention, prefixes, should_stop, tgt_lang, aligned,
+                                    terms=searched, **options)
+        if distinct is not keys:
+            results = [list(results[at[key]]) for key in keys]
         return [[dataclasses.replace(t, text=CASES[case](t.text)) for t in nbest] if case else nbest
                 for nbest, case in zip(results, cases)]
 
     def search_nbest(self, sentences: list[str], return_attention: bool = False,
                      prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
                      tgt_lang: str | None = None, aligned: int | None = None,
-                     **options: Any) -> list[list[Translation]]:
-        """translate_nbest of the sentences as the model gets them: each engine's own search."""
+                     terms: list[list[Entry]] | None = None, **options: Any) -> list[list[Translation]]:
+        """translate_nbest of the sentences as the model gets them (with each one's glossary entries, or
+        None): each engine's own search."""
         raise NotImplementedError
 
     def prefix_ids(self, sentences: list[str], prefixes: list[str] | None,
@@ -254,12 +269,13 @@ class Translator(TextTranslator):
     def search_nbest(self, sentences: list[str], return_attention: bool = False,
                      prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
                      tgt_lang: str | None = None, aligned: int | None = None,
-                     **options: Any) -> list[list[Translation]]:
+                     terms: list[list[Entry]] | None = None, **options: Any) -> list[list[Translation]]:
         """n-best translations per sentence (best first); empty input gives one translation: its prefix
         (so every output starts with its prefix), else the empty string."""
         decoding = self.decoding_options(**options)
         ids = self.encode(sentences, tgt_lang)
         forced = self.prefix_ids(sentences, prefixes, decoding)
+        hard, refused = self.term_ids(terms, forced) if terms is not None else (None, None)
         real = [i for i, s in enumerate(sentences) if s.strip()]
         results: list[list[Translation]] = [[Translation("", 0.0)] for _ in sentences]
         empty = [i for i, s in enumerate(sentences) if not s.strip() and forced and forced[i]]
@@ -268,7 +284,16 @@ class Translator(TextTranslator):
         if not real:
             return results
         hyps = decode_ids(self.model, [ids[i] for i in real], decoding, self.device, amp=self.precision.dtype,
-                          prefixes=[forced[i] for i in real] if forced else None, should_stop=should_stop)
+                          prefixes=[forced[i] for i in real] if forced else None, should_stop=should_stop,
+                          terms=[hard[i] for i in real] if hard else None,
+                          edges=self.edges() if hard else None)
+        lost = [k for k, h in enumerate(hyps) if not h]  # no way to write its terms as words in its limit
+        if lost:
+            again = decode_ids(self.model, [ids[real[k]] for k in lost], decoding, self.device,
+                               amp=self.precision.dtype, should_stop=should_stop,
+                               prefixes=[forced[real[k]] for k in lost] if forced else None)
+            for k, h in zip(lost, again):
+                hyps[k] = h
         # Attention of the best hypotheses alone, from a forced pass over them: the search would keep
         # every layer and head for every hypothesis it holds, beams and n-best lists over.
         best = [nbest[0].tokens for nbest in hyps]
@@ -287,6 +312,9 @@ class Translator(TextTranslator):
             outputs = {i: [h.tokens for h in nbest][:aligned] for i, nbest in zip(real, hyps)}
             lead = int(self.language_id(tgt_lang) is not None)
             self._align(sentences, ids, results, outputs, decoding, lead, should_stop)
+        for i, nbest in enumerate(results if terms is not None else []):
+            for t in nbest:
+                t.terms = terms_used(terms[i], refused[i], t.text)  # type: ignore[index]
         return results
 
     def _align(self, sentences: list[str], ids: list[list[int]], results: list[list[Translation]],

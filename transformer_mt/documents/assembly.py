@@ -42,7 +42,8 @@ def _owners(spans: Sequence[tuple[int, int]], of: Sequence[tuple[int, int]]) -> 
 
 def joined(text: str, parts: Sequence[PartTranslation]) -> list[Translation]:
     """The text's n-best list: rank k joins each part's k-th hypothesis (its last, where it has fewer),
-    between the text's separators; scores add up; alignments join when every part has one."""
+    between the text's separators; scores add up; alignments join when every part has one, and the parts'
+    glossary terms are the text's."""
     if not text.strip():  # what the engine made of an empty text (its prefix, or nothing)
         return [dataclasses.replace(h, text=r.new) for h, r in zip(parts[0].nbest, parts[0].restored)]
     depth = max(len(p.nbest) for p in parts)
@@ -66,7 +67,8 @@ def _rank(text: str, parts: Sequence[PartTranslation], k: int) -> Translation:
     alignment = None
     if all(h.alignment is not None for h in hyps):
         alignment = _alignment(text, translation, parts, placed, k)
-    return Translation(translation, score, alignment=alignment)
+    terms = [u for h in hyps for u in h.terms or ()] if any(h.terms is not None for h in hyps) else None
+    return Translation(translation, score, alignment=alignment, terms=terms)
 
 
 def _alignment(text: str, translation: str, parts: Sequence[PartTranslation], placed: Sequence[int],

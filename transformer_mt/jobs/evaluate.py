@@ -23,6 +23,7 @@ from transformer_mt.data import LINE_ENDS, held_out_pairs, load_split_tsv, one_l
 from transformer_mt.data.languages import split_file
 from transformer_mt.data.words import seen_words, training_words
 from transformer_mt.decoding import robustness
+from transformer_mt.decoding.glossary import count_terms, read_glossary
 from transformer_mt.decoding.metrics import Scores, bleu_and_length, score
 from transformer_mt.decoding.translator import Translator
 from transformer_mt.documents import report as documents_report
@@ -67,8 +68,10 @@ def evaluate(cfg: EvaluateConfig) -> float:
     """Entry point of `transformer-mt evaluate`: returns BLEU."""
     assert cfg.checkpoint is not None  # validate() requires it
     configure_threads(cfg.device)
+    glossary = read_glossary(cfg.decoding.glossary)  # before the model: a bad file is one line, and no wait
     engine = Translator.from_checkpoint(cfg.checkpoint, device=select_device(cfg.device),
                                         decoding=cfg.decoding, amp=cfg.device.amp, tgt_lang=cfg.tgt_lang)
+    engine.use_glossary(glossary)
     checkpoint = Path(engine.info["checkpoint"])
     lang = engine.tgt_lang if engine.vocab.target_languages else None
     sources, references, name = load_eval_set(cfg, checkpoint.parent, engine.info["config"], lang)
@@ -78,8 +81,9 @@ def evaluate(cfg: EvaluateConfig) -> float:
         raise DataError(f"the {name} set is empty; nothing to evaluate")
 
     started = time.perf_counter()
-    hypotheses = _best(engine, sources)  # as validation decodes: sentence by sentence, as written
+    best = [n[0] for n in engine.translate_nbest(sources)]  # as validation decodes: sentence by sentence
     seconds = time.perf_counter() - started
+    hypotheses = [t.text for t in best]
     scores = score(hypotheses, references)
     d = cfg.decoding
     search = "sampling" if d.sampling else ("greedy" if d.beam_size == 1 else f"beam{d.beam_size}")
@@ -90,6 +94,8 @@ def evaluate(cfg: EvaluateConfig) -> float:
         "sentences_per_s": len(sources) / seconds, "tokens_per_s": out_tokens / seconds, "seconds": seconds,
         "device": str(engine.device), "amp": str(engine.precision), "decoding": d.__dict__,
     }
+    if glossary is not None:
+        report["glossary"] = count_terms(u for t in best for u in t.terms or ())
     out_dir = Path(cfg.output_dir) if cfg.output_dir else checkpoint.parent / "eval"
     members = len(engine.info.get("ensemble", ()))
     stem = f"{name}.{f'ensemble{members}' if members else checkpoint.stem}.{search}"
@@ -117,6 +123,10 @@ def evaluate(cfg: EvaluateConfig) -> float:
     print(f"  chrF signature: {scores.chrf_signature}")
     print(f"  speed: {report['sentences_per_s']:.1f} sentences/s, {report['tokens_per_s']:.0f} tokens/s"
           f" on {engine.device} ({engine.precision})")
+    if glossary is not None:
+        terms = report["glossary"]
+        print(f"  glossary: {terms['terms']} terms in the sources, {terms['met']} in their translation, "
+              f"{terms['refused']} refused, {terms['missing']} missing")
     if cfg.robustness:
         print(f"input as people type it (seed {cfg.seed}):")
         print(robustness.table(rows))

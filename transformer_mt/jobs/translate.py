@@ -68,6 +68,14 @@ def format_nbest(nbest: list[Translation], n_best: int, with_scores: bool) -> li
             for rank, h in enumerate(padded[:n_best], start=1)]
 
 
+def warn_terms(number: int, best: Translation | None) -> None:
+    """One warning per glossary term of input line `number` that its translation does not hold."""
+    for use in best.terms or () if best is not None else ():
+        if use.status != "met":
+            log.warning("line %d: glossary term %r -> %r %s: %s", number, use.source, use.target, use.status,
+                        use.reason)
+
+
 def interactive(docs: DocumentTranslator, cfg: TranslateConfig) -> None:
     """A prompt for a person at a terminal: one sentence at a time until EOF or Ctrl-C."""
     print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
@@ -128,7 +136,8 @@ def write_lines(docs: DocumentTranslator, lines: Iterable[str], out: TextIO,
             chunk, prefixes = [r[0] for r in rows], [r[1] if len(r) > 1 else "" for r in rows]
         results, problems = translate_fitting(docs, chunk, prefixes, first_line=count + 1)
         failed += problems
-        for nbest in results:
+        for number, nbest in enumerate(results, start=count + 1):
+            warn_terms(number, nbest[0] if nbest else None)
             for line in format_nbest(nbest or empty, cfg.decoding.n_best, cfg.scores):
                 out.write(line + "\n")
         out.flush()

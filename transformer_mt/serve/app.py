@@ -41,6 +41,7 @@ from transformer_mt.serve.messages import (
     ERRORS,
     ErrorResponse,
     ScoredText,
+    TermReport,
     TranslateRequest,
     TranslateResponse,
     one_line,
@@ -265,6 +266,9 @@ def respond(engine: TextTranslator, texts: list[str], results: list[list[Transla
             body: TranslateRequest) -> TranslateResponse:
     """The response for one request's results (each a best-first n-best list)."""
     out = TranslateResponse(translations=[nbest[0].text for nbest in results])
+    if any(nbest[0].terms is not None for nbest in results):
+        out.terms = [[TermReport(source=u.source, target=u.target, status=u.status, reason=u.reason or None)
+                      for u in nbest[0].terms or ()] for nbest in results]
     if body.scores or (body.n_best or 1) > 1:
         out.nbest = [[ScoredText(text=h.text, score=_finite(h.score)) for h in nbest] for nbest in results]
     if body.attention is not False:
