@@ -20,14 +20,18 @@ import torch
 import torch.nn as nn
 
 from tests.conftest import missing
+from tests.test_glossary_use import TermEcho
 from tests.test_search import BOS, EOS, PAD
+from transformer_mt.config import DocumentConfig
 from transformer_mt.decoding.beam import bank_greedy_search
-from transformer_mt.decoding.constraints import Constraints, fit_terms
-from transformer_mt.decoding.glossary import Entry, Glossary
+from transformer_mt.decoding.constraints import Constraints, WordEdges, sentence_terms
+from transformer_mt.decoding.glossary import Entry, Glossary, holds_term
 from transformer_mt.decoding.search import max_output_length
+from transformer_mt.decoding.translator import Translation
+from transformer_mt.documents.pipeline import DocumentTranslator
 from transformer_mt.documents.sentences import cut_long
 from transformer_mt.errors import DataError
-from transformer_mt.interop.web import DOCUMENTS_JS, GLOSSARY_JS, SEARCH_JS, page_glossary
+from transformer_mt.interop.web import DOCUMENTS_JS, GLOSSARY_JS, SEARCH_JS, _bits, page_glossary
 from transformer_mt.interop.web_rules import glossary_rules, page_rules
 
 DRIVER = Path(__file__).with_name("web_glossary_driver.mjs")
@@ -41,7 +45,8 @@ def run_node(**parts: Any) -> Any:
         missing("no node: these tests run the page's JavaScript with it (apt-get install npm brings it)")
     job = {"glossary": {**glossary_rules(), "ordinary": FIRST}, "rules": page_rules(), "find": [],
            "letters": [], "text": "", "read": [], "holds": [], "search": [],
-           "fit": [], "variants": [], "translate": [], "bos": BOS, "eos": EOS, "banned": [PAD, BOS], **parts}
+           "fit": [], "variants": [], "edges": [], "translate": [], "bos": BOS, "eos": EOS,
+           "banned": [PAD, BOS], "positions": 64, **parts}
     modules = [m.as_uri() for m in (GLOSSARY_JS, SEARCH_JS, DOCUMENTS_JS)]
     done = subprocess.run([node, str(DRIVER), *modules], input=json.dumps(job), capture_output=True,
                           text=True, check=False, timeout=300)
@@ -102,25 +107,28 @@ def test_pasted_lines_are_read_as_a_glossary_file_is(tmp_path: Path) -> None:
         assert found == expected, text
 
 
-def test_a_term_is_held_by_a_translation_as_a_whole_word_by_the_case_rule() -> None:
-    cases = [("Il a une imprimante.", "imprimante", False, True), ("IMPRIMANTE!", "imprimante", False, True),
-             ("imprimantes", "imprimante", False, False), ("le Wi-Fi", "Wi-Fi", False, True),
-             ("le WI-FI", "Wi-Fi", False, False), ("LE WI-FI", "Wi-Fi", True, True),
-             ("de New  York", "New York", False, True)]
-    answer = run_node(holds=[[t, target, any_case] for t, target, any_case, _ in cases])["holds"]
-    assert answer == [expected for *_, expected in cases]
+def test_a_term_is_held_by_a_translation_as_holds_term_says() -> None:
+    cases = [("Il a une imprimante.", "imprimante"), ("IMPRIMANTE!", "imprimante"),
+             ("imprimantes", "imprimante"), ("le Wi-Fi", "Wi-Fi"), ("LE WI-FI", "Wi-Fi"),
+             ("de New  York", "New York"), ("STRASSE", "straße"),
+             ("\u212aelvin", "kelvin"), ("x_imprimante", "imprimante")]
+    answer = run_node(holds=[list(c) for c in cases])["holds"]
+    assert answer == [holds_term(text, target) for text, target in cases]
+    assert answer.count(True) == 6
 
 
 def test_a_pasted_target_term_the_model_cannot_write_is_refused_in_one_line() -> None:
     """Variants as term_variants makes them (after a space, glued, capitalised; none holding another),
     with a tokenizer of a token a character: a term longer than the positions, or with a token the
-    vocabulary lacks, is refused as the export refuses one."""
+    vocabulary lacks, is refused in the words an engine refuses one with."""
     answer = run_node(variants=[["chat", 10], ["chat", 4], ["chüt", 10], ["Chat", 10]])["variants"]
     ids = {c: ord(c) % 40 + 4 for c in "chatC "}
     assert answer[0] == [[ids[c] for c in "chat"], [ids[c] for c in "Chat"]]
-    assert answer[1] == "pasted: line 2's target term 'chat' takes 4 tokens; this model writes at most 3"
-    assert answer[2] == ("pasted: line 2's target term 'chüt' has tokens this model's vocabulary lacks; give a "
-                         "term it can write")
+    assert answer[1] == ("pasted: line 2: the target term takes 4 tokens; this model writes at most 3: "
+                         "shorten it")
+    assert answer[2] == ("pasted: line 2: this model's vocabulary cannot write the target term 'chüt' (a "
+                         "word or character it never saw); spell it with words the model knows or drop the "
+                         "line")
     assert answer[3] == [[ids[c] for c in "Chat"]]
 
 
@@ -152,44 +160,73 @@ class HistoryModel(nn.Module):
 
 
 def random_case(seed: int) -> dict[str, Any]:
-    """A model, a source length, and 1-3 terms of 1-2 variants of 1-3 tokens (overlapping ones often)."""
+    """A model, a source length, 1-3 terms of 1-2 variants of 1-3 tokens (overlapping ones often), and
+    word edges for two cases in three (which tokens glue to a word before them, which end inside one)."""
     rng = random.Random(seed)
     model = HistoryModel(seed)
     vocab = model.last.size(0)
     pool = list(range(FIRST, vocab)) if seed % 2 else [FIRST, FIRST + 1, FIRST + 2]
     terms = [[[rng.choice(pool) for _ in range(rng.randint(1, 3))] for _ in range(rng.randint(1, 2))]
              for _ in range(rng.randint(1, 3))]
-    return {"model": model, "length": rng.randint(2, 7), "terms": terms, "b": rng.choice([1, 2, 5])}
+    edges = None
+    if seed % 3:
+        flags = [[v >= FIRST and rng.random() < 0.5 for v in range(vocab)] for _ in range(2)]
+        edges = WordEdges(torch.tensor(flags[0]), torch.tensor(flags[1]))
+    return {"model": model, "length": rng.randint(2, 7), "terms": terms, "b": rng.choice([1, 2, 5]),
+            "edges": edges}
 
 
 def test_the_pages_search_writes_bank_greedy_searchs_tokens() -> None:
-    """60 models and sentences, one to three terms each: the page's port of greedy search with terms and
-    Python's bank_greedy_search write the same tokens, with the same score."""
-    cases = [random_case(seed) for seed in range(60)]
+    """90 models and sentences, one to three terms each, with word edges and without: the page's port of
+    greedy search with terms and Python's bank_greedy_search write the same tokens, with the same score,
+    or both find no output (a sentence whose terms cannot be written as words in its limit)."""
+    cases = [random_case(seed) for seed in range(90)]
     expected = []
     for case in cases:
         src = torch.tensor([[FIRST] * (case["length"] - 1) + [EOS]])
-        hyps = bank_greedy_search(case["model"], src, Constraints.build([case["terms"]], torch.device("cpu")),
-                                  bos_id=BOS, eos_id=EOS, max_len_a=1.0, max_len_b=case["b"], use_cache=False)
+        c = Constraints.build([case["terms"]], torch.device("cpu"), case["edges"])
+        hyps = bank_greedy_search(case["model"], src, c, bos_id=BOS, eos_id=EOS, max_len_a=1.0,
+                                  max_len_b=case["b"], use_cache=False)
         expected.append([hyps[0][0].tokens, hyps[0][0].score] if hyps[0] else None)
     search = [{"tables": c["model"].tables(), "terms": c["terms"],
-               "maxLen": max_output_length(c["length"], 1.0, c["b"], 64)} for c in cases]
+               "maxLen": max_output_length(c["length"], 1.0, c["b"], 64),
+               "edges": c["edges"] and {"glues": _bits(c["edges"].glues.tolist()),
+                                        "ends": _bits(c["edges"].ends.tolist())}} for c in cases]
     answer = run_node(search=search)["searched"]
-    for case, found, (tokens, score) in zip(cases, answer, expected, strict=True):
-        assert found is not None and found[0] == tokens, case["terms"]
-        assert found[1] == pytest.approx(score, abs=1e-5)
-    terms_first = sum(t[:len(v)] == v for (t, _), c in zip(expected, cases) for v in c["terms"][0])
+    for case, found, best in zip(cases, answer, expected, strict=True):
+        assert (found is None) == (best is None), case["terms"]
+        if best is not None:
+            assert found[0] == best[0], (case["terms"], case["edges"])
+            assert found[1] == pytest.approx(best[1], abs=1e-5)
+    assert sum(b is not None for b in expected) > 80
+    terms_first = sum(b[0][:len(v)] == v for b, c in zip(expected, cases) if b for v in c["terms"][0])
     assert terms_first < len(cases)  # the terms are not simply written first: the banks decide
 
 
-def test_the_terms_that_fit_are_pythons() -> None:
+def test_the_terms_a_sentence_is_searched_with_are_pythons() -> None:
+    """Each target term once, as many as the room holds, the others refused (each entry of theirs)."""
     rng = random.Random(3)
-    term = lambda: [[FIRST] * rng.randint(1, 4) for _ in range(rng.randint(0, 2))]  # noqa: E731
-    jobs = [[[term() for _ in range(rng.randint(1, 4))], rng.randint(0, 9)] for _ in range(40)]
+    jobs = []
+    for _ in range(40):
+        targets = [f"t{rng.randint(0, 3)}" for _ in range(rng.randint(1, 5))]
+        ids = {t: [[FIRST] * rng.randint(1, 4) for _ in range(rng.randint(0, 2))] for t in targets}
+        entries = [{"source": f"s{k}", "target": t, "variants": ids[t]} for k, t in enumerate(targets)]
+        jobs.append([entries, rng.randint(0, 9)])
     answer = run_node(fit=jobs)["fitted"]
-    for (terms, room), found in zip(jobs, answer, strict=True):
-        kept, refused = fit_terms(terms, room)
-        assert found == {"kept": kept, "refused": [{"index": r.index, "reason": r.reason} for r in refused]}
+    for (entries, room), found in zip(jobs, answer, strict=True):
+        ids = {e["target"]: e["variants"] for e in entries}
+        sentence = [Entry(e["source"], e["target"]) for e in entries]
+        terms, refused = sentence_terms(sentence, ids.__getitem__, room)
+        assert found["terms"] == terms
+        assert [[e["source"], e["reason"]] for e in found["refused"]] == [[u.source, u.reason]
+                                                                           for u in refused]
+
+
+def test_the_word_edges_the_export_writes_are_read_back_in_the_page() -> None:
+    rng = random.Random(5)
+    flags = [[rng.random() < 0.4 for _ in range(37)] for _ in range(2)]
+    answer = run_node(edges=[{"bits": {"glues": _bits(flags[0]), "ends": _bits(flags[1])}, "n": 37}])["edges"]
+    assert answer[0] == [[int(g), int(e)] for g, e in zip(*flags, strict=True)]
 
 
 # -- the documents layer with a glossary -----------------------------------------------------------------
@@ -197,29 +234,53 @@ GLOSSED = Glossary.of([("windows 10", "Windows 10"), ("Mr. Smith", "M. Smith"), 
                        ("long phrase term", "terme")])
 
 
-def test_a_term_is_neither_masked_nor_cut_and_its_words_are_no_stand_in() -> None:
-    """A number inside a term stays for the model to read (the other numbers get stand-ins), a sentence
-    does not end inside a term ("Mr. Smith"), a long sentence is not cut inside one, no stand-in is a word
-    of a target term, and a second try keeps the terms."""
+class TermDrop(TermEcho):
+    """TermEcho (each sentence written back, its terms' targets after it) leaving out the words of `drops`:
+    a stand-in dropped once, or always."""
+
+    def __init__(self, drops: list[str], max_tokens: int) -> None:
+        super().__init__(max_tokens)
+        self.drops = drops
+
+    def search_nbest(self, sentences: list[str], *args: Any, **options: Any) -> list[list[Translation]]:
+        kept = [" ".join(w for w in s.split(" ") if w not in self.drops) for s in sentences]
+        found = super().search_nbest(kept, *args, **options)
+        self.calls[-1] = (list(sentences), self.calls[-1][1])  # what it was given
+        return found
+
+
+def test_texts_with_a_glossary_come_through_as_through_document_translator() -> None:
+    """A number inside a term stays for the model to read (the others get stand-ins), no sentence ends
+    ("Mr. Smith") and no long sentence is cut inside a term, no stand-in is a word of a target term, a
+    second try keeps the terms, and the terms are counted: as DocumentTranslator does it, with an engine
+    that writes each sentence back with its terms' targets."""
     long = "one two three four long phrase term five six seven eight nine ten"
-    texts = ["I use windows 10 at 10:30 today. Mr. Smith came.", "The deadline is at 9:00.", long]
-    cases = [{"texts": texts, "entries": entries(GLOSSED), "drops": drops, "fold": False, "limit": 7}
-             for drops in ([], ["Boston"])]
-    plain, dropped = run_node(translate=cases)["translated"]
-    first = plain["given"][0]
-    assert first[:3] == [["I use windows 10 at Boston today.", ["windows 10"]],
-                         ["Mr. Smith came.", ["Mr. Smith"]],
-                         ["The deadline is at Tokyo.", ["deadline"]]]  # Boston: a word of "Boston date"
-    pieces = [text for text, _ in first[3:]]
-    assert " ".join(pieces) == long and all(len(p.split()) <= 7 or "long phrase term" in p for p in pieces)
-    assert [terms for text, terms in first[3:] if "long phrase term" in text] == [["long phrase term"]]
+    texts = ["I use windows 10 at 10:30 today. Mr. Smith came.", "The deadline is at 9:00.", long,
+             "THE DEADLINE FOR WINDOWS 10 IS AT 10:30."]
+    cases = [{"texts": texts, "entries": entries(GLOSSED), "drops": drops, "fold": fold, "limit": 7}
+             for drops in ([], ["Boston"]) for fold in (True, False)]
+    answer = run_node(translate=cases)["translated"]
+    for case, found in zip(cases, answer, strict=True):
+        engine = TermDrop(case["drops"], 7)
+        docs = DocumentTranslator.for_engine(engine, DocumentConfig())
+        folded = "fold" if case["fold"] else "model"
+        expected = docs.translate_nbest(texts, glossary=GLOSSED, input_case=folded)
+        assert found["translations"] == [n[0].text for n in expected], case
+        fields = ("sentences", "cut", "spans", "retried", "placed", "terms", "terms_met", "terms_refused")
+        assert [found[k] for k in fields] == [getattr(docs.tally, k) for k in fields], case
+        first, _ = engine.calls[0]
+        assert [text for text, _ in found["given"][0]] == first
+    plain, dropped = answer[1], answer[3]  # without folding
+    assert plain["given"][0][:3] == [["I use windows 10 at Boston today.", ["windows 10"]],
+                                     ["Mr. Smith came.", ["Mr. Smith"]],
+                                     ["The deadline is at Tokyo.", ["deadline"]]]  # Boston: in "Boston date"
+    pieces = [text for text, _ in plain["given"][0][3:5]]
     unkept = [long[a:b] for a, b in cut_long(long, lambda t: len(t.split()) <= 7)]  # without the glossary
     assert unkept[0].endswith("phrase") and pieces == ["one two three four long phrase term",
                                                        "five six seven eight nine ten"]
-    assert plain["translations"] == texts and plain["spans"] == 2
-    assert [plain["terms"], plain["written"]] == [4, 1]  # the echo writes "windows 10": Windows 10's words
-    assert dropped["given"][1] == [["I use windows 10 at Tokyo today.", ["windows 10"]]]  # the second try
-    assert dropped["retried"] == 1
+    assert [plain["terms"], plain["terms_met"]] == [6, 6] and plain["spans"] == 3
+    assert dropped["given"][1][0] == ["I use windows 10 at Tokyo today.", ["windows 10"]]  # the second try
+    assert dropped["retried"] >= 1
 
 
 def test_the_export_writes_the_glossarys_entries_and_refuses_a_term_it_cannot_write(tmp_path: Path) -> None:
@@ -236,8 +297,10 @@ def test_the_export_writes_the_glossarys_entries_and_refuses_a_term_it_cannot_wr
                                    "variants": term_variants(vocab, e.target)}
                                   for e in Glossary.read(path).entries]
     assert written["entries"][0]["source"] == "laser printer" and written["ordinary"] == FIRST
-    with pytest.raises(DataError, match=r"line 2's target term 'machine à laver' takes \d+ tokens; this "
-                                        r"model writes at most 2$"):
+    edges = WordEdges.of(vocab)
+    assert written["edges"] == {"glues": _bits(edges.glues.tolist()), "ends": _bits(edges.ends.tolist())}
+    with pytest.raises(DataError, match=r"terms.tsv: line 2: the target term takes \d+ tokens; this model "
+                                        r"writes at most 2: shorten it$"):
         page_glossary(path, vocab, 3)
     assert page_glossary(None, vocab, 64)["entries"] == []
 

@@ -28,11 +28,13 @@ function tableDecoder({ last, before, at }, bos) {
 const found = (entries, text) => G.findTerms(text, G.compileGlossary(entries, K))
   .map((m) => [points(text, m.start), points(text, m.end), m.entry.source]);
 
-// An engine that writes each sentence back (its words in `drops` left out), and keeps what it was given.
+// An engine that writes each sentence back (its words in `drops` left out) and its terms' targets after
+// it, as the Python test's TermEcho, and keeps what it was given.
 const given = [];
 const engine = (drops) => async (sentences, terms) => {
   given.push(sentences.map((s, k) => [s, terms[k].map((e) => e.source)]));
-  return sentences.map((s) => s.split(' ').filter((w) => !drops.includes(w)).join(' '));
+  return sentences.map((s, k) => [...s.split(' ').filter((w) => !drops.includes(w)), ...terms[k].map((e) => e.target)]
+    .join(' '));
 };
 const within = (limit) => (limit ? (t) => t.split(/\s+/).filter(Boolean).length <= limit : null);
 const R = D.compileRules(job.rules);
@@ -48,13 +50,14 @@ const out = {
       return e.message;
     }
   }),
-  holds: job.holds.map(([text, target, anyCase]) => G.holdsTerm(text, target, K, anyCase)),
-  searched: await Promise.all(job.search.map(async ({ tables, terms, maxLen }) => {
-    const ends = { maxLen, eos: job.eos, banned: job.banned };
+  holds: job.holds.map(([text, target]) => G.holdsTerm(text, target, K)),
+  searched: await Promise.all(job.search.map(async ({ tables, terms, maxLen, edges }) => {
+    const ends = { maxLen, eos: job.eos, banned: job.banned, positions: job.positions,
+                   edges: edges && S.wordEdges(edges) };
     const best = await S.bankGreedy(tableDecoder(tables, job.bos), terms, ends);
     return best && [best.tokens, best.score];
   })),
-  fitted: job.fit.map(([terms, room]) => S.fitTerms(terms, room)),
+  fitted: job.fit.map(([entries, room]) => S.sentenceTerms(entries, room)),
   variants: job.variants.map(([target, positions]) => {  // a character a token; ü unknown (<unk>, 3)
     const encode = (text) => [...text].map((c) => (c === 'ü' ? 3 : (c.codePointAt(0) % 40) + 4));
     try {
@@ -63,12 +66,16 @@ const out = {
       return e.message;
     }
   }),
+  edges: job.edges.map(({ bits, n }) => {
+    const edges = S.wordEdges(bits);
+    return [...Array(n).keys()].map((v) => [edges.glues(v), edges.ends(v)]);
+  }),
   translated: [],
 };
 for (const { texts, entries, drops, fold, limit } of job.translate) {
   const C = G.compileGlossary(entries, K);
-  const glossary = { find: (text) => G.findTerms(text, C),
-                     holds: (text, target, any) => G.holdsTerm(text, target, K, any) };
+  const uses = (terms, text) => terms.map((e) => ({ status: G.holdsTerm(text, e.target, K) ? 'met' : 'missing' }));
+  const glossary = { find: (text) => G.findTerms(text, C), uses };
   given.length = 0;
   const done = await D.translateTexts(texts, engine(drops), R, segmenter, fold, within(limit), glossary);
   out.translated.push({ ...done, given: given.slice() });

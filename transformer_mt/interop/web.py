@@ -25,6 +25,7 @@ holding a source term is decoded by web_search.mjs, a port of our greedy search 
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import logging
@@ -41,10 +42,10 @@ from transformer_mt.checkpoints.paths import resolve_checkpoint
 from transformer_mt.checkpoints.store import load_checkpoint, word_list
 from transformer_mt.config import ConfigError
 from transformer_mt.data.tokenizer import SPECIAL_TOKENS, Vocabulary
-from transformer_mt.decoding.constraints import shortest, term_variants
 from transformer_mt.decoding.glossary import Glossary
+from transformer_mt.decoding.glossary_user import GlossaryUser
 from transformer_mt.documents.spans import copies_names
-from transformer_mt.errors import DataError, ExportError
+from transformer_mt.errors import ExportError
 from transformer_mt.interop.onnx import export_onnx
 from transformer_mt.interop.web_rules import glossary_rules, page_rules
 from transformer_mt.runtime.files import META_FILE, refuse_existing, written_into
@@ -121,21 +122,36 @@ def page_words(state: dict[str, Any], src_lang: str | None) -> list[str] | None:
     return sorted(words)
 
 
+class PageTerms(GlossaryUser):
+    """An engine's glossary half for the page: the checks an engine makes of a glossary, its target terms'
+    token ids and the vocabulary's word edges, with the model's positions."""
+
+    def __init__(self, vocab: Vocabulary, max_positions: int) -> None:
+        self.vocab = vocab
+        self.max_prefix_tokens = max_positions - 1
+
+
+def _bits(flags: list[bool]) -> str:
+    """A bit a token, little-endian in each byte, in base64: how the page reads `WordEdges`."""
+    packed = bytearray((len(flags) + 7) // 8)
+    for v, flag in enumerate(flags):
+        packed[v >> 3] |= flag << (v & 7)
+    return base64.b64encode(bytes(packed)).decode("ascii")
+
+
 def page_glossary(path: str | Path | None, vocab: Vocabulary, max_positions: int) -> dict[str, object]:
     """The page's glossary: the file's entries with the token ids of their target terms' variants (ours,
-    which the page's tokenizer gives too for the kinds it takes), and the rules to match more in the
-    page. DataError in one line for an entry the model cannot write."""
-    entries = []
-    for e in Glossary.read(path).entries if path else []:
-        variants = term_variants(vocab, e.target)
-        where = f"glossary={path}: line {e.line}'s target term {e.target!r}"
-        if not variants:
-            raise DataError(f"{where} has tokens this model's vocabulary lacks; give a term it can write")
-        if shortest(variants) > max_positions - 1:
-            raise DataError(f"{where} takes {shortest(variants)} tokens; this model writes at most "
-                            f"{max_positions - 1}")
-        entries.append({"source": e.source, "target": e.target, "line": e.line, "variants": variants})
-    return {**glossary_rules(), "ordinary": len(SPECIAL_TOKENS), "entries": entries}
+    which the page's tokenizer gives too for the kinds it takes), the vocabulary's word edges, and the
+    rules to match more in the page. DataError in one line, as an engine's, for an entry the model cannot
+    write."""
+    terms = PageTerms(vocab, max_positions)
+    terms.use_glossary(Glossary.read(path) if path else None)
+    glossary = terms.glossary.entries if terms.glossary else []
+    entries = [{"source": e.source, "target": e.target, "line": e.line,
+                "variants": terms.term_variants(e.target)} for e in glossary]
+    edges = terms.edges()
+    return {**glossary_rules(), "ordinary": len(SPECIAL_TOKENS), "entries": entries,
+            "edges": {"glues": _bits(edges.glues.tolist()), "ends": _bits(edges.ends.tolist())}}
 
 
 def export_web(checkpoint: str | Path, output_dir: Path, overwrite: bool = False,

@@ -147,7 +147,7 @@ function attached(text, at, R) {
 
 // `_middle_cut`: where to cut [start, end) in two: the clause boundary nearest the middle, else the space
 // between words nearest it, else the cut between characters nearest it, never inside a `keep` range (a
-// glossary term); null for one character, or where every cut would fall inside one.
+// span, a glossary term); null for one character, or where every cut would fall inside one.
 function middleCut(text, start, end, R, keep) {
   const free = (c) => !keep.some((k) => k.start < c && c < k.end);
   const middle = (start + end) / 2;
@@ -167,7 +167,7 @@ function middleCut(text, start, end, R, keep) {
 
 // `cut_long`: ranges of `sentence`, in order, each without the whitespace around it and each that `fits`
 // accepts: a part that does not fit is halved at `middleCut`, until it fits or is one character; no cut
-// falls inside a range of `keep`.
+// falls inside a range of `keep` (a part that could only be cut there stays whole).
 export function cutLong(sentence, fits, R, keep = []) {
   const whole = stripped(sentence, 0, sentence.length, R);
   const parts = [];
@@ -299,14 +299,14 @@ function part(index, text, start, end, spans, fold, R) {
 
 // `DocumentTranslator.prepare`: every text's sentences, cut where `fits` refuses them (null: none is),
 // their spans masked; how many sentences there were, and how many were cut. `find`: the glossary's
-// source terms in a text (null: no glossary); no sentence ends, and no cut falls, inside one.
+// source terms in a text (null: no glossary); no sentence ends, and no cut falls, inside a span or one.
 export function prepare(texts, R, segmenter, fold, fits = null, find = null) {
   const parts = [];
   const counts = { sentences: 0, cut: 0 };
   texts.forEach((text, index) => {
     const spans = findSpans(text, R, find ? find(text) : []);
     for (const [start, end] of splitSentences(text, spans, R, segmenter)) {
-      const keep = spans.filter((s) => s.kind === 'glossary' && start <= s.start && s.end <= end)
+      const keep = spans.filter((s) => start <= s.start && s.end <= end)
         .map((s) => ({ start: s.start - start, end: s.end - start }));
       const pieces = fits ? cutLong(text.slice(start, end), fits, R, keep) : [[0, end - start]];
       counts.sentences += 1;
@@ -322,8 +322,9 @@ export function prepare(texts, R, segmenter, fold, fits = null, find = null) {
 }
 
 // `translate_parts`'s second try: the parts whose stand-in the model dropped, masked with the next
-// stand-ins of their pools and translated once more, kept where fewer are dropped.
-async function retried(parts, found, engine, R, tally) {
+// stand-ins of their pools and translated once more, kept where fewer are dropped (`raw`: the engine's
+// translations before they were cased).
+async function retried(parts, found, raw, engine, R, tally) {
   const retry = parts.flatMap((p, k) => (missing(p.masked, found[k], R).length ? [k] : []));
   if (!retry.length) return;
   const again = retry.map((k) => {
@@ -336,7 +337,7 @@ async function retried(parts, found, engine, R, tally) {
     const before = missing(parts[k].masked, found[k], R).length;
     const after = missing(again[j].masked, translation, R).length;
     if (after < before) {
-      [parts[k], found[k]] = [again[j], translation];
+      [parts[k], found[k], raw[k]] = [again[j], translation, second[j]];
       tally.retried += before - after;
     }
   });
@@ -359,21 +360,25 @@ function joined(texts, parts, restored) {
 // `DocumentTranslator.translate_runs`: `engine` (sentences and each one's glossary entries in, their
 // translations out, in one call) translates every sentence of every text, a sentence `fits` refuses in
 // parts; the spans restored, each translation goes where its sentence was. `glossary` (null: none):
-// `find(text)`, the source terms of a text, and `holds(translation, target, anyCase)`, whether a
-// translation holds a target term; `terms` counts the terms met, `written` those the translations hold.
+// `find(text)`, the source terms of a text, and `uses(entries, translation)`, how each entry fared in the
+// engine's translation (`terms_used`: met, refused or missing); the tally counts the terms found, met
+// and refused, as Python's.
 export async function translateTexts(texts, engine, R, segmenter, fold, fits = null, glossary = null) {
   const { parts, counts } = prepare(texts, R, segmenter, fold, fits, glossary && glossary.find);
-  const tally = { ...counts, spans: 0, retried: 0, placed: 0, terms: 0, written: 0 };
+  const tally = { ...counts, spans: 0, retried: 0, placed: 0, terms: 0, terms_met: 0, terms_refused: 0 };
   if (!parts.length) return { translations: texts.map(() => ''), ...tally };
-  const found = (await engine(parts.map((p) => p.masked.text), parts.map((p) => p.terms)))
-    .map((t, k) => cased(parts[k], t));
-  await retried(parts, found, engine, R, tally);
+  const raw = await engine(parts.map((p) => p.masked.text), parts.map((p) => p.terms));
+  const found = raw.map((t, k) => cased(parts[k], t));
+  await retried(parts, found, raw, engine, R, tally);
   const restored = parts.map((p, k) => {
     const { text, placed } = unmask(p.masked, found[k], R);
     tally.spans += p.masked.spans.length;
     tally.placed += placed;
     tally.terms += p.terms.length;
-    tally.written += p.terms.filter((e) => glossary.holds(text, e.target, p.kase !== null)).length;
+    for (const use of p.terms.length ? glossary.uses(p.terms, raw[k]) : []) {
+      tally.terms_met += use.status === 'met';
+      tally.terms_refused += use.status === 'refused';
+    }
     return text;
   });
   return { translations: joined(texts, parts, restored), ...tally };

@@ -36,16 +36,17 @@ export function compileClasses(rules) {
 const tidy = (text, K) => text.replace(K.spaces, ' ').replace(K.edge, '');
 const anyCase = (c, K) => K.cases.get(c) ?? escaped(c);  // Python's (?i:c)
 
+const joined = (words, K) => words.join(`${K.space}+`);  // a space: any run of whitespace
+// Words in any case, as Python's (?i:...) matches them.
+const anyCaseSource = (words, K) => joined(words.map((w) => points(w).map((c) => anyCase(c, K)).join('')), K);
+
 // `_pattern`: one source term's pattern. An entry in lowercase matches in any case; one with a capital
 // as written, its first letter in either case; a space matches any run of whitespace.
 export function termSource(source, K) {
   const words = source.split(' ');
-  const join = (parts) => parts.join(`${K.space}+`);
-  if (source === source.toLowerCase()) {
-    return join(words.map((w) => points(w).map((c) => anyCase(c, K)).join('')));
-  }
+  if (source === source.toLowerCase()) return anyCaseSource(words, K);
   const [head, ...rest] = points(words[0]);
-  return join([anyCase(head, K) + escaped(rest.join('')), ...words.slice(1).map(escaped)]);
+  return joined([anyCase(head, K) + escaped(rest.join('')), ...words.slice(1).map(escaped)], K);
 }
 
 // `_entry`: one `source<TAB>target` line, or the one-line reason it cannot be used.
@@ -75,11 +76,11 @@ export function readGlossary(text, K, name = 'glossary') {
   });
 }
 
-// The entries of two glossaries, the second's replacing the first's of the same source term (pasted
-// lines over the exported glossary).
+// `Glossary.merged`: the entries of two glossaries, the second's first and winning for a source term both
+// have (pasted lines over the exported glossary).
 export function merged(first, second) {
   const replaced = new Set(second.map((e) => e.source));
-  return [...first.filter((e) => !replaced.has(e.source)), ...second];
+  return [...second, ...first.filter((e) => !replaced.has(e.source))];
 }
 
 // `Glossary.__init__`: each source term once (a second target for it is an Error of one line), longest
@@ -178,24 +179,25 @@ export function termVariants(encode, target, K) {
   return minimal(variants, K.ordinary);
 }
 
-// Whether a translation holds a target term: a whole word, by the glossary's case rule (any case where
-// the translation was written back into the case its sentence was typed in).
-export function holdsTerm(text, target, K, anyCase = false) {
-  const source = termSource(anyCase ? target.toLowerCase() : target, K);
+// `holds_term`: whether a translation holds a target term, as whole words, in any case.
+export function holdsTerm(text, target, K) {
+  const source = anyCaseSource(target.split(' '), K);
   return new RegExp(`(?<!${K.word})(?:${source})(?!${K.word})`, 'u').test(text);
 }
 
 // An entry with its target term's token ids (`termVariants`); an Error of one line when the model cannot
-// write the term, or not within its `positions` (as the export refuses one: web.py::page_glossary).
+// write the term, or not within its `positions` (`GlossaryUser.use_glossary`, as an engine refuses one).
 export function withVariants(entry, encode, K, positions, name = 'glossary') {
   const variants = termVariants(encode, entry.target, K);
-  const where = `${name}: line ${entry.line}'s target term ${repr(entry.target)}`;
+  const where = `${name}: line ${entry.line}`;
   if (!variants.length) {
-    throw new Error(`${where} has tokens this model's vocabulary lacks; give a term it can write`);
+    throw new Error(`${where}: this model's vocabulary cannot write the target term ${repr(entry.target)} (a `
+      + 'word or character it never saw); spell it with words the model knows or drop the line');
   }
   const fewest = Math.min(...variants.map((v) => v.length));
   if (fewest > positions - 1) {
-    throw new Error(`${where} takes ${fewest} tokens; this model writes at most ${positions - 1}`);
+    throw new Error(`${where}: the target term takes ${fewest} tokens; this model writes at most `
+      + `${positions - 1}: shorten it`);
   }
   return { ...entry, variants };
 }

@@ -8,7 +8,9 @@
 // is unmet; the candidates are the best 2K continuations, each row's own best token and its constraint
 // tokens; one whose terms can no longer fit before the length limit is dropped; the best of each bank
 // goes on, and a row that writes <eos> with its terms met ends. The state of a row is, per variant of a
-// term, how much of it was just written (KMP progress), and which terms are met.
+// term, how much of it was just written (KMP progress), which terms are met, whether its last token ends
+// inside a word and whether it just finished a term: with the vocabulary's word edges (`wordEdges`) a
+// term is written as whole words, as `WordEdges` makes Python write it.
 
 // `constraints._automaton`: KMP transitions of one variant, [k][p] = progress after reading variant[p]
 // in progress k.
@@ -27,6 +29,16 @@ function automaton(v) {
 }
 
 const shortest = (term) => Math.min(...term.map((v) => v.length));
+
+// `WordEdges` as the export writes them (two bit sets, base64, a bit a token): `glues[v]`, token v's text
+// continues a word written before it; `ends[v]`, its text ends inside a word.
+export function wordEdges({ glues, ends }) {
+  const bits = (b64) => {
+    const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+    return (v) => (bytes[v >> 3] >> (v & 7)) & 1;
+  };
+  return { glues: bits(glues), ends: bits(ends) };
+}
 
 // `constraints.fit_terms`: which terms (each a list of variants, in order) fit in `room` output tokens,
 // and why each other one does not (as Python words it).
@@ -48,27 +60,45 @@ export function fitTerms(terms, room) {
   return { kept, refused };
 }
 
-// `Constraints.build` for one sentence: its distinct terms, their variants, each variant's automaton.
-export function constraintsOf(terms) {
+// `constraints.sentence_terms`: the terms one sentence is searched with, from its entries ({target,
+// variants} each): each target term once, as many as `room` output tokens hold (`fitTerms`); and the
+// entries refused, with why.
+export function sentenceTerms(entries, room) {
+  const targets = [...new Map(entries.map((e) => [e.target, e.variants])).entries()];
+  const { kept, refused } = fitTerms(targets.map(([, v]) => v), room);
+  const why = new Map(refused.map((r) => [targets[r.index][0], r.reason]));
+  return { terms: kept.map((k) => targets[k][1]),
+           refused: entries.filter((e) => why.has(e.target)).map((e) => ({ ...e, reason: why.get(e.target) })) };
+}
+
+// `Constraints.build` for one sentence: its distinct terms, their variants, each variant's automaton and
+// whether its first token glues to a word before it (`edges`: `wordEdges`, or null for none).
+export function constraintsOf(terms, edges = null) {
   const distinct = [...new Map(terms.map((t) => [JSON.stringify(t), t])).values()];
-  const variants = distinct.flatMap((t, j) => t.map((seq) => ({ seq, term: j, dfa: automaton(seq) })));
+  const variants = distinct.flatMap((t, j) => t.map((seq) => ({ seq, term: j, dfa: automaton(seq),
+                                                                glued: edges !== null && !!edges.glues(seq[0]) })));
   const minlen = distinct.map(shortest);
-  return { variants, minlen, cmin: minlen.reduce((a, b) => a + b, 0),
+  return { variants, minlen, cmin: minlen.reduce((a, b) => a + b, 0), edges,
            longest: Math.max(1, ...variants.map((v) => v.seq.length)) };
 }
 
-const start = (c) => ({ prog: c.variants.map(() => 0), met: c.minlen.map(() => false) });
+const start = (c) => ({ prog: c.variants.map(() => 0), met: c.minlen.map(() => false), inWord: false,
+                        fresh: false });
 
-// `TermState.advance`: the state after writing `token`.
+// `TermState.advance`: the state after writing `token`; a glued variant does not start inside a word.
 function advance(c, state, token) {
   const met = [...state.met];
+  let fresh = false;
   const prog = c.variants.map((v, m) => {
     const at = v.seq.indexOf(token);
-    const next = at >= 0 ? v.dfa[state.prog[m]][at] : 0;
-    if (next === v.seq.length) met[v.term] = true;
-    return next === v.seq.length ? 0 : next;
+    let next = at >= 0 ? v.dfa[state.prog[m]][at] : 0;
+    if (next === 1 && v.glued && state.inWord) next = 0;
+    if (next !== v.seq.length) return next;
+    met[v.term] = true;
+    fresh = true;
+    return 0;
   });
-  return { prog, met };
+  return { prog, met, inWord: c.edges ? !!c.edges.ends(token) : state.inWord, fresh };
 }
 
 // `TermState.need`: tokens one way of completing the unmet terms takes (0 exactly when all are met).
@@ -90,11 +120,13 @@ function least(c, state) {
 }
 
 // `_term_tokens`: a row's constraint tokens, [token, real] each: per variant of an unmet term its next
-// token, then per variant its first token (real when the variant is started).
+// token, then per variant its first token (real when the variant is started); never a first token that
+// would glue to the word before.
 function termTokens(c, state) {
   const open = c.variants.map((v) => !state.met[v.term]);
-  return [...c.variants.map((v, m) => [v.seq[state.prog[m]], open[m]]),
-          ...c.variants.map((v, m) => [v.seq[0], open[m] && state.prog[m] > 0])];
+  const startable = c.variants.map((v, m) => open[m] && !(v.glued && state.inWord));
+  return [...c.variants.map((v, m) => [v.seq[state.prog[m]], state.prog[m] > 0 ? open[m] : startable[m]]),
+          ...c.variants.map((v, m) => [v.seq[0], startable[m] && state.prog[m] > 0])];
 }
 
 // `step_log_probs`: float32 logits to log-probs (rounded to float32, as PyTorch keeps them), `banned`
@@ -182,12 +214,13 @@ function candidates(c, logp, scores, states, K, eos, room, nBanks) {
 // log-probs) of its best output holding every term, or null when none ends (the search is built so that
 // one always does). `decoder.step(rows, tokens)`: the logits (one Float32Array a row) after each row
 // continues row `rows[i]` of the previous call with `tokens[i]`; the first call, (null, null), reads
-// <bos> in one row. `terms`: the terms `fitTerms` kept, each its variants; `maxLen`: the sentence's
-// length limit (`max_output_length`), raised here to the terms' tokens.
-export async function bankGreedy(decoder, terms, { maxLen, eos, banned }) {
-  const c = constraintsOf(terms);
+// <bos> in one row. `terms`: the terms `sentenceTerms` kept, each its variants; `maxLen`: the sentence's
+// length limit (`max_output_length`), raised here to the terms' tokens (`constrained.limits`: and a token
+// a term for a space before it, within the model's `positions`); `edges`: `wordEdges` (null: none).
+export async function bankGreedy(decoder, terms, { maxLen, eos, banned, positions, edges = null }) {
+  const c = constraintsOf(terms, edges);
   const K = c.cmin + 1;
-  const limit = Math.max(maxLen, c.cmin);
+  const limit = Math.max(maxLen, Math.min(c.cmin + (edges ? c.minlen.length : 0), positions - 1));
   let scores = Array.from({ length: K }, (_, r) => (r ? -Infinity : 0));
   let states = scores.map(() => start(c));
   let prefixes = scores.map(() => []);
@@ -197,7 +230,10 @@ export async function bankGreedy(decoder, terms, { maxLen, eos, banned }) {
   for (let t = 0; ; t++) {
     const logits = await decoder.step(rows, tokens);
     const logp = (t ? logits : scores.map(() => logits[0])).map((l) => logProbs(l, banned, eos, t >= limit));
-    states.forEach((state, r) => { if (need(c, state) > 0) logp[r][eos] = -Infinity; });  // `close_eos`
+    states.forEach((state, r) => {  // `close_eos`, and no token glued to a term just written
+      if (need(c, state) > 0) logp[r][eos] = -Infinity;
+      if (edges && state.fresh) logp[r].forEach((_, v) => { if (edges.glues(v)) logp[r][v] = -Infinity; });
+    });
     const cands = candidates(c, logp, scores, states, K, eos, limit - t - 1, K);
     cands.slice(0, K).forEach(([score, tok, row]) => {  // `_finalise`
       if (tok === eos && Number.isFinite(score)) finished.push({ tokens: prefixes[row], score });
