@@ -306,3 +306,21 @@ def test_the_page_translates_with_a_glossary_as_greedy_search_with_terms(
     fields = ("sentences", "spans", "terms", "terms_met", "terms_refused")
     assert [shown["translated"][k] for k in fields] == [getattr(docs.tally, k) for k in fields]
     assert docs.tally.terms >= 6 and docs.tally.terms_met >= 4
+
+
+@pytest.mark.browser
+def test_the_page_rates_each_sentence_as_the_translator_does(
+        web_dir: Path, fitted: Path, static_server: str, fit_pairs: tuple[list[str], list[str]]) -> None:
+    """The page's confidences, from the probabilities its greedy search computed as it went, against the
+    Translator's from its forced pass (no calibration: the model's own probabilities, words and all)."""
+    sources = fit_pairs[0][-12:]
+    with chromium_page(static_server) as (page, _):
+        shown = page.evaluate("(s) => window.rateSentences(s)", sources)
+    engine = Translator.from_checkpoint(fitted, device="cpu", amp="off", decoding=GREEDY)
+    expected = [n[0] for n in engine.translate_nbest(sources, input_case="model")]
+    assert engine.rater.calibration is None
+    for got, t in zip(shown, expected, strict=True):
+        assert got["text"] == t.text
+        assert got["confidence"] == pytest.approx(t.confidence, abs=1e-3)
+        assert [w for w, _ in got["words"]] == [w for w, _ in t.word_confidences]
+        assert [c for _, c in got["words"]] == pytest.approx([c for _, c in t.word_confidences], abs=1e-3)

@@ -31,15 +31,20 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "split": ("test", "valid"),
     "engine": ("pytorch", "ctranslate2"),
     "decoding.input_case": ("fold", "model"),
+    "decoding.low_confidence": ("mark", "withhold"),
     "format": ("ct2", "hf", "onnx", "web"),
     "input_format": ("text", "tsv"),
     "document.format": ("auto", "text", "markdown", "html", "srt"),
     "document.names": ("auto", "copy", "model"),
-    "output_format": ("tsv", "json"),
     "quantization": ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
                      "bfloat16", "float32"),
 }
 
+# A command's own key whose values differ from another command's key of the same name.
+COMMAND_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
+    "ScoreConfig": {"output_format": ("tsv", "json")},
+    "TranslateConfig": {"output_format": ("text", "jsonl")},
+}
 
 
 def at_least(low: float, or_null: bool = False) -> Rule:
@@ -105,6 +110,7 @@ RANGES: dict[str, Rule] = {
     "training.max_bad_steps": at_least(1),
     "training.max_minutes": (lambda v: v is None or v > 0, "> 0 or null"),
     "training.num_samples": at_least(0),
+    "training.calibration_sentences": at_least(0),
     "training.betas": (lambda v: len(v) == 2 and all(0.0 <= b < 1.0 for b in v), "two numbers in [0, 1)"),
     "decoding.beam_size": at_least(1),
     "decoding.max_len_a": at_least(0),
@@ -114,6 +120,7 @@ RANGES: dict[str, Rule] = {
     "decoding.temperature": POSITIVE,
     "decoding.top_k": at_least(0),
     "decoding.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "decoding.min_confidence": (lambda v: v is None or 0 <= v <= 1, "in [0, 1] or null"),
     "max_sentences": at_least(1, or_null=True),
     "max_input_tokens": at_least(1, or_null=True),
     "port": (lambda v: 0 <= v <= 65535, "a TCP port in [0, 65535] (0: any free port)"),
@@ -200,6 +207,8 @@ def n_best_in_beam(n_best: int, beam_size: int, prefix: str = "decoding.") -> li
 
 def _decoding_relations(dc: schema.DecodingConfig) -> list[str]:
     found = n_best_in_beam(dc.n_best, dc.beam_size)
+    if dc.min_confidence is not None and not dc.confidence:
+        found.append(f"decoding.min_confidence={dc.min_confidence} needs decoding.confidence=true")
     if dc.glossary and dc.sampling:
         found.append("decoding.glossary needs beam or greedy search: its terms are hard constraints; set "
                      "decoding.sampling=false or drop the glossary")
@@ -270,6 +279,13 @@ def _evaluate_relations(cfg: commands.EvaluateConfig) -> list[str]:
     if cfg.decoding.alignment:
         found.append("decoding.alignment=true is for translate and serve; evaluate scores the translations "
                      "alone")
+    if cfg.calibrate and "," in (cfg.checkpoint or ""):
+        found.append("calibrate=true fits one checkpoint's confidence; give one checkpoint, not an ensemble")
+    if cfg.calibrate and not cfg.decoding.confidence:
+        found.append("calibrate=true fits confidence: drop decoding.confidence=false")
+    if cfg.calibrate and cfg.split == "test" and not (cfg.tsv_file or cfg.src_file):
+        found.append("calibrate=true fits on held-out pairs that tests must not see: use split=valid (or "
+                     "tsv_file=/src_file= of your own held-out pairs)")
     return found
 
 
@@ -317,12 +333,13 @@ def section_problems(obj: Any, prefix: str = "", complete: bool = True) -> list[
     """Choices and ranges of every field of a config (its sections recursively), then its relations;
     with complete, also what it cannot run without."""
     found: list[str] = []
+    choices = {**CHOICES, **COMMAND_CHOICES.get(type(obj).__name__, {})}
     for f in dataclasses.fields(obj):
         key, value = f"{prefix}{f.name}", getattr(obj, f.name)
         if dataclasses.is_dataclass(value) and hasattr(type(value), "KEY"):  # a section: its own rules
             found += section_problems(value, f"{type(value).KEY}.")
-        elif key in CHOICES and value not in CHOICES[key]:
-            found.append(f"{key}={value!r} is not allowed; choose one of: {', '.join(CHOICES[key])}")
+        elif key in choices and value not in choices[key]:
+            found.append(f"{key}={value!r} is not allowed; choose one of: {', '.join(choices[key])}")
         elif key in RANGES and not RANGES[key][0](value):
             found += out_of_range(key, value, False, RANGES[key][1])
     for table in (RELATIONS, REQUIRED) if complete else (RELATIONS,):

@@ -59,7 +59,9 @@ class EvaluateConfig:
     robustness: bool = False  # also score the set as people type it: ALL CAPS, lowercase, typos, ...
     documents: bool = False  # also score text as people have it: several sentences a line, spans, names
     document: DocumentConfig = field(default_factory=DocumentConfig)  # how the documents report's texts go
-    seed: int = 1  # the robustness and documents reports draw their typos and cases from it
+    seed: int = 1  # the robustness and documents reports draw their typos and cases, confidence its bootstrap
+    # also fit the checkpoint's confidence on this set (split=valid), written as calibration.json beside it
+    calibrate: bool = False
     traceback: bool = False
 
 
@@ -90,6 +92,9 @@ class TranslateConfig(EngineConfig):
     scores: bool = False  # print the score before each translation
     attention_png: str | None = None  # write a cross-attention heatmap of the first sentence
     input_format: str = "text"  # text: one sentence a line | tsv: source<TAB>prefix (forced start)
+    # text: translations a line (`scores` adds their column) | jsonl: one JSON object a line, with the
+    # translation's confidence and its words' (decoding.confidence)
+    output_format: str = "text"
 
 
 @dataclass

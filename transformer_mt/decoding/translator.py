@@ -28,6 +28,13 @@ from transformer_mt.config import DecodingConfig, DeviceConfig
 from transformer_mt.data.text_variants import CASES, one_case, sentence_case
 from transformer_mt.data.tokenizer import Vocabulary
 from transformer_mt.decoding.alignment import source_words, target_words, word_alignment
+from transformer_mt.decoding.confidence import (
+    Rater,
+    WordConfidences,
+    read_calibration,
+    recased,
+    weights_fingerprint,
+)
 from transformer_mt.decoding.constraints import terms_used
 from transformer_mt.decoding.decode import decode_ids
 from transformer_mt.decoding.glossary import Entry, Glossary, TermUse, sentence_entries
@@ -43,8 +50,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Translation:
-    """One hypothesis: detokenised text, its model score and (on request) cross-attention and word
-    alignment."""
+    """One hypothesis: detokenised text, its model score and (on request) cross-attention, word alignment
+    and, for the best of each list, its confidence and its words' (decoding/confidence.py)."""
 
     text: str
     score: float
@@ -52,6 +59,8 @@ class Translation:
     attention: torch.Tensor | None = None  # (layers, heads, output tokens + eos, source tokens + eos)
     alignment: list[tuple[int, int]] | None = None  # (source word, target word) links, decoding.alignment
     terms: list[TermUse] | None = None  # with a glossary: each of the sentence's terms, how it fared
+    confidence: float | None = None  # decoding.confidence: its expected chrF/100 once calibrated
+    word_confidences: WordConfidences | None = None  # each word of `text`, with its confidence
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,7 @@ class TextTranslator(GlossaryUser):
     info: dict[str, Any]  # what the engine runs: the checkpoint, its step, the run's config ...
     tgt_lang: str | None = None
     known_words: frozenset[str] | None = None  # the training pairs' words (data/words.py), where known
+    rater: Rater = Rater(None)  # scores to confidences: each engine sets its own (its calibration)
     max_input_tokens: int
     max_prefix_tokens: int
     max_positions: int
@@ -151,8 +161,9 @@ class TextTranslator(GlossaryUser):
                                     terms=searched, **options)
         if distinct is not keys:
             results = [list(results[at[key]]) for key in keys]
-        return [[dataclasses.replace(t, text=CASES[case](t.text)) for t in nbest] if case else nbest
-                for nbest, case in zip(results, cases)]
+        return [[dataclasses.replace(t, text=CASES[case](t.text),
+                                     word_confidences=recased(t.word_confidences, CASES[case]))
+                 for t in nbest] if case else nbest for nbest, case in zip(results, cases)]
 
     def search_nbest(self, sentences: list[str], return_attention: bool = False,
                      prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
@@ -208,10 +219,12 @@ class TextTranslator(GlossaryUser):
                   prefixes: str | list[str] | None = None, tgt_lang: str | None = None,
                   **options: Any) -> str | list[str]:
         """Best translation of one sentence (a string) or of each sentence of a list (with a prefix
-        each: a string, or a list), into `tgt_lang` (a model of several target languages)."""
+        each: a string, or a list), into `tgt_lang` (a model of several target languages). Text alone:
+        no confidence is computed (translate_nbest's translations carry it)."""
         single = isinstance(sentences, str)
         batch = [sentences] if single else list(sentences)
         starts = [prefixes] if isinstance(prefixes, str) else prefixes
+        options = {"confidence": False, **options}
         best = [nbest[0].text for nbest in self.translate_nbest(batch, beam_size=beam_size, prefixes=starts,
                                                                 tgt_lang=tgt_lang, **options)]
         return best[0] if single else best
@@ -236,6 +249,7 @@ class Translator(TextTranslator):
         self.decoding = decoding or DecodingConfig()
         self.limit_inputs(model.config.max_positions, max_input_tokens)
         self.info = info or {}
+        self.rater = Rater(None)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | torch.device = "auto",
@@ -264,6 +278,9 @@ class Translator(TextTranslator):
         engine.language_id(tgt_lang)  # a language the model lacks: one line now, not at the first sentence
         engine.tgt_lang = tgt_lang or engine.tgt_lang
         engine.known_words = word_list(state)
+        calibration = None if len(loaded) > 1 else read_calibration(file.parent, weights_fingerprint(model))
+        how = f"fit one with: transformer-mt evaluate checkpoint={file} split=valid calibrate=true"
+        engine.rater = Rater(calibration, f"{how} (docs/confidence.md)")
         return engine
 
     def search_nbest(self, sentences: list[str], return_attention: bool = False,
@@ -308,6 +325,13 @@ class Translator(TextTranslator):
                             best_map if k == 0 else None)
                 for k, (text, h) in enumerate(zip(texts, nbest))
             ]
+        if decoding.confidence:  # the best of each list, from one forced pass over them
+            rated = self.rater.rate_forced(self.model, [ids[i] for i in real], best,
+                                           [results[i][0].text for i in real], self.vocab.tgt, self.device,
+                                           decoding.batch_tokens_on(self.device), self.precision.dtype,
+                                           should_stop)
+            for i, (confidence, words) in zip(real, rated, strict=True):
+                results[i][0].confidence, results[i][0].word_confidences = confidence, words
         if decoding.alignment:
             outputs = {i: [h.tokens for h in nbest][:aligned] for i, nbest in zip(real, hyps)}
             lead = int(self.language_id(tgt_lang) is not None)

@@ -42,6 +42,7 @@ from transformer_mt.checkpoints.paths import resolve_checkpoint
 from transformer_mt.checkpoints.store import load_checkpoint, word_list
 from transformer_mt.config import ConfigError
 from transformer_mt.data.tokenizer import SPECIAL_TOKENS, Vocabulary
+from transformer_mt.decoding.confidence import read_calibration
 from transformer_mt.decoding.glossary import Glossary
 from transformer_mt.decoding.glossary_user import GlossaryUser
 from transformer_mt.documents.spans import copies_names
@@ -154,6 +155,16 @@ def page_glossary(path: str | Path | None, vocab: Vocabulary, max_positions: int
             "edges": {"glues": _bits(edges.glues.tolist()), "ends": _bits(edges.ends.tolist())}}
 
 
+def _calibration(model_dir: Path) -> dict[str, float] | None:
+    """The curves the page turns its scores into confidences with (confidence.py): the run's calibration,
+    which the export carried where it was fitted for these weights; None: the page shows probabilities."""
+    calibration = read_calibration(model_dir)
+    if calibration is None:
+        return None
+    return {"sentence_slope": calibration.sentence.slope, "sentence_bias": calibration.sentence.bias,
+            "word_slope": calibration.word.slope, "word_bias": calibration.word.bias}
+
+
 def export_web(checkpoint: str | Path, output_dir: Path, overwrite: bool = False,
                cache: Path | None = None, glossary: str | Path | None = None) -> Path:
     """Write the static folder of a checkpoint, with a glossary's terms (a TSV file) when given; return its
@@ -195,7 +206,8 @@ def export_web(checkpoint: str | Path, output_dir: Path, overwrite: bool = False
             settings = {**meta.get("decoding", {}), "max_positions": config["max_position_embeddings"],
                         "languages": languages, "documents": page_rules(),
                         "max_sentence_tokens": sentence_tokens(state, config["max_position_embeddings"]),
-                        "words": page_words(state, languages.get("src_lang")), "glossary": terms}
+                        "words": page_words(state, languages.get("src_lang")), "glossary": terms,
+                        "calibration": _calibration(tmp / "models" / "model")}
             title = f"{languages.get('src_lang') or '?'} → {languages.get('tgt_lang') or '?'}"
             (tmp / "index.html").write_text(page(title, settings), encoding="utf-8")
             (tmp / META_FILE).write_text(json.dumps({**meta, "format": "web",

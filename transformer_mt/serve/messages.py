@@ -80,6 +80,15 @@ class TranslateResponse(BaseModel):
     attention: list[AttentionMap] | None = None
     alignments: list[str] | None = Field(None, description="the best translation's word alignment of each "
                                          "text (`0-0 1-2 ...`), when asked")
+    confidence: list[float | None] | None = Field(
+        None, description="each best translation's confidence: its expected chrF/100 where the model is "
+        "calibrated (docs/confidence.md); null for an empty text or a document")
+    words: list[list[tuple[str, float]] | None] | None = Field(
+        None, description="each best translation's words with their confidence: [[word, confidence], ...]")
+    low_confidence: list[bool] | None = Field(None, description="with the server's decoding.min_confidence: "
+                                              "whether each best translation is below it")
+    withheld: list[bool] | None = Field(None, description="with decoding.low_confidence=withhold: whether "
+                                        "each translation was left out (its text empty) for being below it")
 
 
 class ErrorResponse(BaseModel):
