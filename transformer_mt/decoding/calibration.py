@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from transformer_mt.checkpoints.paths import BEST
 from transformer_mt.config import DecodingConfig, DeviceConfig, SearchConfig
 from transformer_mt.data import load_split_tsv
 from transformer_mt.data.languages import split_file
@@ -139,6 +140,9 @@ def fitted_for(engine: Translator, held_out: str, decoding: SearchConfig) -> dic
 def calibrate_run(run_dir: Path, sentences: int, search: SearchConfig, device: DeviceConfig) -> Path | None:
     """The end of `train`: the run's checkpoint (its best) calibrated on the last `sentences` pairs of its
     validation split, with its validation search; calibration.json written into the run directory."""
+    if not (run_dir / BEST).exists():  # a run stopped before its first validation
+        log.warning("%s holds no %s: no calibration of confidence", run_dir, BEST)
+        return None
     valid = split_file(run_dir, "valid")
     if not valid.is_file():
         log.warning("%s is missing: no calibration of confidence", valid)
