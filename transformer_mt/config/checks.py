@@ -298,6 +298,14 @@ def _score_relations(cfg: commands.ScoreConfig) -> list[str]:
     return found
 
 
+def _export_relations(cfg: commands.ExportConfig) -> list[str]:
+    found = output_problems("output_dir", cfg.output_dir, directory=True)
+    if cfg.glossary and cfg.format != "web":
+        found.append(f"glossary= goes into the page of format=web; format={cfg.format} writes a model, which "
+                     "takes a glossary where it translates (decoding.glossary=)")
+    return found
+
+
 def _needs_run_dir(cfg: commands.TrainConfig) -> list[str]:
     return [] if cfg.checkpoint.dir else ["checkpoint.dir=null leaves the run without a directory; name "
                                           "one, or leave the key out (the command line and compose() "
@@ -312,7 +320,7 @@ RELATIONS: dict[str, Callable[[Any], list[str]]] = {
     "DecodingConfig": _decoding_relations, "TrainConfig": _train_relations,
     "TranslateConfig": _translate_relations, "ServeConfig": _serve_relations, "ScoreConfig": _score_relations,
     "EvaluateConfig": _evaluate_relations,
-    "ExportConfig": lambda cfg: output_problems("output_dir", cfg.output_dir, directory=True),
+    "ExportConfig": _export_relations,
 }
 # What a command cannot run without (`--cfg job` prints a config without them).
 REQUIRED: dict[str, Callable[[Any], list[str]]] = {

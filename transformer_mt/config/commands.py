@@ -168,6 +168,7 @@ class ExportConfig:
     quantization: str = "int8"  # format=ct2: int8 | int8_float32 | float32 | float16 ...
     output_dir: str | None = None  # null: <run dir>/ct2-<quantization>, or <run dir>/<format>
     overwrite: bool = False  # replace an existing output_dir (an earlier export only)
+    glossary: str | None = None  # format=web: a `source<TAB>target` TSV the page's translations follow
     traceback: bool = False
 
 
