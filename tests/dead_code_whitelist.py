@@ -51,6 +51,7 @@ _.source_tokens
 _.target_tokens
 _.translations
 _.alignments
+_.withheld
 http_error
 invalid
 health

@@ -208,3 +208,37 @@ def test_cli_export_then_translate(post_norm: Path, tmp_path: Path, run_cli_here
     expected = Translator.from_checkpoint(post_norm, device="cpu", amp="off").translate(text)  # beam 5
     assert result.stdout.strip() == expected
     print(f"CLI export + translate: {time.perf_counter() - started:.1f}s")
+
+
+def test_the_export_carries_the_calibration_and_rates_as_pytorch(
+        post_norm: Path, pairs: tuple[list[str], list[str]], tmp_path: Path) -> None:
+    """Confidence on CTranslate2 (its score_batch over the best outputs) against PyTorch's forced pass; the
+    run's calibration.json travels with the export only where it was fitted for the exported weights."""
+    import dataclasses
+    import shutil
+
+    from transformer_mt.decoding.calibration import fit_calibration, raw_translations
+    from transformer_mt.decoding.confidence import CALIBRATION_FILE, weights_fingerprint, write_calibration
+
+    run = Path(shutil.copytree(post_norm, tmp_path / "run"))
+    reference = float32_reference(run, GREEDY)
+    sentences, targets = pairs[0][:40], pairs[1][:40]
+    calibration = fit_calibration(raw_translations(reference, sentences), targets,
+                                  {"fingerprint": weights_fingerprint(reference.model)})
+    write_calibration(run, calibration)
+    model_dir = export_ctranslate2(run, tmp_path / "ct2", quantization="float32")
+    engine = CT2Translator.from_dir(model_dir, intra_threads=1, decoding=GREEDY)
+    assert engine.rater.calibration == calibration
+    ours = [n[0] for n in float32_reference(run, GREEDY).translate_nbest(sentences)]
+    theirs = [n[0] for n in engine.translate_nbest(sentences)]
+    same = [(a, b) for a, b in zip(ours, theirs) if a.text == b.text]
+    assert len(same) >= 38
+    for a, b in same:
+        assert b.confidence == pytest.approx(a.confidence, abs=1e-3)
+        assert [w for w, _ in b.word_confidences] == [w for w, _ in a.word_confidences]
+        expected = [c for _, c in a.word_confidences]
+        assert [c for _, c in b.word_confidences] == pytest.approx(expected, abs=1e-3)
+    other = dataclasses.replace(calibration, fitted={"fingerprint": "another checkpoint's"})
+    write_calibration(run, other)
+    again = export_ctranslate2(run, tmp_path / "ct2-other", quantization="float32")
+    assert not (again / CALIBRATION_FILE).exists()

@@ -1,8 +1,9 @@
 """`export format=onnx` and `format=web` (interop/onnx.py, web.py): the graphs ONNX Runtime runs translate
 as our greedy search does, token for token; their int8 copies translate; the page, in Chromium, translates
 as ONNX Runtime does, in one batched call as one by one, and splits texts into sentences and keeps their
-spans as DocumentTranslator does; for the post-norm (Marian) and pre-norm (Pegasus) models alike. Each
-needs its extra (and npm and Chromium for the page): skipped without, failed under CI."""
+spans as DocumentTranslator does; with a glossary, it writes the tokens our greedy search with terms
+writes; for the post-norm (Marian) and pre-norm (Pegasus) models alike. Each needs its extra (and npm and
+Chromium for the page): skipped without, failed under CI."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ import pytest
 
 from tests.conftest import ARCHITECTURES, missing, require
 from transformer_mt.config import DecodingConfig, DocumentConfig
+from transformer_mt.decoding.constraints import term_variants
+from transformer_mt.decoding.decode import decode_ids
+from transformer_mt.decoding.glossary import Glossary
 from transformer_mt.decoding.translator import Translator
 from transformer_mt.documents.pipeline import DocumentTranslator
 from transformer_mt.documents.spans import find_spans
@@ -39,14 +43,21 @@ def fitted(request: pytest.FixtureRequest, fitted_model, tmp_path_factory: pytes
     return fitted_model(request.param, tmp_path_factory.mktemp(request.param))
 
 
+# The page's own glossary: source terms no other test's sentence holds, so that those translate as without.
+EXPORTED = [("blorpt", "le chat noir"), ("Zorblax machine", "machine à laver")]
+
+
 @pytest.fixture(scope="module")
 def web_dir(fitted: Path) -> Path:
-    """format=web's folder of the fitted model; its models/model is format=onnx's directory."""
+    """format=web's folder of the fitted model, with a glossary; its models/model is format=onnx's
+    directory."""
     if shutil.which("npm") is None:
         missing("no npm: format=web fetches Transformers.js with it (apt-get install npm)")
     from transformer_mt.interop.web import export_web
 
-    return export_web(fitted, fitted / "page")
+    terms = fitted / "terms.tsv"
+    terms.write_text("".join(f"{s}\t{t}\n" for s, t in EXPORTED), encoding="utf-8")
+    return export_web(fitted, fitted / "page", glossary=terms)
 
 
 @pytest.fixture(scope="module")
@@ -208,3 +219,107 @@ def test_the_pages_button_translates_what_is_typed_in_all_caps(
     assert shown == docs.translate_nbest([typed], input_case="fold")[0][0].text
     assert shown == shown.upper() and "45" in shown  # written back in the case it was typed in
     assert status.startswith("2 sentences translated in") and "1 spans kept as written" in status
+
+
+def glossary_cases(pairs: tuple[list[str], list[str]], engine: Translator) -> list[tuple[str, list[str]]]:
+    """Sentences, each with one or two target terms from its own reference: a word of several subwords,
+    and two words."""
+    cases = []
+    for source, reference in zip(*pairs, strict=True):
+        words = [w for w in reference.rstrip(".!?").split() if w.isalpha()]
+        split = [w for w in words if len(engine.vocab.encode_tgt([w])[0]) >= 2]
+        if one_sentence(source) and split and len(words) >= 4:
+            pair = " ".join(words[-2:]) if split[0] not in words[-2:] else " ".join(words[:2])
+            cases.append((source, [split[0]] if len(cases) % 2 else [split[0], pair]))
+    return cases[:8]
+
+
+# The glossary's pieces in the page: token ids of target terms, greedy with terms (cached and not), the
+# source terms of texts, and texts translated with the exported glossary and pasted lines; one at a time.
+WITH_TERMS = """async ([targets, cases, texts, pasted]) => {
+  const [cached, uncached] = [[], []];
+  for (const [s, terms] of cases) {
+    cached.push(await window.glossary.search(s, terms));
+    uncached.push(await window.glossary.search(s, terms, false));
+  }
+  return { variants: targets.map((t) => window.glossary.variants(t)), cached, uncached,
+           found: texts.map((t) => window.glossary.find(t, pasted)),
+           translated: await window.translateTexts(texts, false, pasted) };
+}"""
+
+
+@pytest.mark.browser
+def test_the_page_translates_with_a_glossary_as_greedy_search_with_terms(
+        web_dir: Path, fitted: Path, static_server: str, fit_pairs: tuple[list[str], list[str]]) -> None:
+    """Sentences with one and two terms (several subwords, several words): the page's search, with and
+    without its key/value cache, writes the tokens PyTorch's greedy search with terms writes; the page
+    finds the exported glossary's and the pasted lines' source terms where Glossary.find does, and
+    translates texts holding them as that search does."""
+    engine = Translator.from_checkpoint(fitted, device="cpu", amp="off", decoding=GREEDY)
+    cases = glossary_cases((fit_pairs[0][-150:], fit_pairs[1][-150:]), engine)
+    assert len(cases) == 8
+    variants = {t: term_variants(engine.vocab, t) for _, terms in cases for t in terms}
+    searches = [[s, [variants[t] for t in terms]] for s, terms in cases]
+    pasted_pairs: list[tuple[str, str]] = []
+    for source, terms in cases[:4]:  # each sentence's longest word, to the sentence's first term
+        word = max((w for w in source.rstrip(".!?").split() if w.isalpha()
+                    and w.lower() not in {s.lower() for s, _ in pasted_pairs}), key=len)
+        pasted_pairs.append((word, terms[0]))
+    pasted = "".join(f"{s}\t{t}\n" for s, t in pasted_pairs)
+    sentences = [cases[4][0], "I saw blorpt and the Zorblax machine.", *(s for s, _ in cases[:4])]
+    texts = [f"{sentences[0]} {sentences[1]}", *sentences[2:]]
+    with chromium_page(static_server) as (page, _):
+        shown = page.evaluate(WITH_TERMS, [list(variants), searches, texts, pasted])
+        page.fill("#source", texts[2])  # through the page's boxes: a line it cannot use, then good ones
+        page.fill("#terms", f"{pasted}no tab here\n")
+        page.click("#translate")
+        page.wait_for_function("document.getElementById('status').textContent.includes('glossary')")
+        refused = page.text_content("#status")
+        page.fill("#terms", pasted)
+        page.click("#translate")
+        page.wait_for_function("document.getElementById('status').textContent.includes('translated in')",
+                               timeout=60_000)
+        boxed, status = page.eval_on_selector("#target", "e => e.value"), page.text_content("#status") or ""
+    assert refused == ("the pasted glossary: line 5 has no tab; write `source term<TAB>target term`, one "
+                       "pair a line")
+    assert boxed == shown["translated"]["translations"][2] and "glossary terms, " in status
+    assert shown["variants"] == list(variants.values())
+    expected = [decode_ids(engine.model, engine.encode([s]), GREEDY, engine.device, terms=[terms],
+                           edges=engine.edges())[0] for s, terms in searches]
+    tokens = [h[0].tokens if h else None for h in expected]
+    assert [h and h["tokens"] for h in shown["cached"]] == tokens
+    assert [h and h["tokens"] for h in shown["uncached"]] == tokens
+    assert sum(t is not None for t in tokens) >= 6
+    assert [h["score"] for h in shown["cached"] if h] == pytest.approx([h[0].score for h in expected if h],
+                                                                       abs=1e-3)
+    plain = decode_ids(engine.model, engine.encode([s for s, _ in cases]), GREEDY, engine.device)
+    changed = sum(t is not None and t != p[0].tokens for t, p in zip(tokens, plain))
+    assert changed >= 4  # the terms changed them
+    glossary = Glossary.read(fitted / "terms.tsv").merged(Glossary.of(pasted_pairs))
+    for text, found in zip(texts, shown["found"], strict=True):
+        assert found == [{"start": m.start, "end": m.end, "source": m.entry.source, "target": m.entry.target}
+                         for m in glossary.find(text)], text
+    docs = DocumentTranslator(engine, DocumentConfig(), src_lang="en")
+    translated = docs.translate_nbest(texts, glossary=glossary, input_case="model")
+    assert shown["translated"]["translations"] == [n[0].text for n in translated]
+    fields = ("sentences", "spans", "terms", "terms_met", "terms_refused")
+    assert [shown["translated"][k] for k in fields] == [getattr(docs.tally, k) for k in fields]
+    assert docs.tally.terms >= 6 and docs.tally.terms_met >= 4
+
+
+@pytest.mark.browser
+def test_the_page_rates_each_sentence_as_the_translator_does(
+        web_dir: Path, fitted: Path, static_server: str, fit_pairs: tuple[list[str], list[str]]) -> None:
+    """The page's confidences, from the probabilities its greedy search computed as it went, against the
+    Translator's from its forced pass (no calibration: the model's own probabilities, words and all)."""
+    sources = fit_pairs[0][-12:]
+    with chromium_page(static_server) as (page, _):
+        shown = page.evaluate("(s) => window.rateSentences(s)", sources)
+    engine = Translator.from_checkpoint(fitted, device="cpu", amp="off", decoding=GREEDY)
+    expected = [n[0] for n in engine.translate_nbest(sources, input_case="model")]
+    assert engine.rater.calibration is None
+    for got, t in zip(shown, expected, strict=True):
+        assert got["text"] == t.text
+        assert got["confidence"] == pytest.approx(t.confidence, abs=1e-3)
+        assert [w for w, _ in got["words"]] == [w for w, _ in t.word_confidences]
+        assert [c for _, c in got["words"]] == pytest.approx([c for _, c in t.word_confidences], abs=1e-3)

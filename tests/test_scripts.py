@@ -30,7 +30,8 @@ SCRIPTS = ROOT / "scripts"
 # Every script (a file with a __main__ block) and the test below that runs it.
 TESTED = {"adaptation_study.py", "average_checkpoints.py", "back_translation.py", "benchmark.py",
           "benchmark_data.py", "benchmark_decoding.py", "benchmark_documents.py", "benchmark_export.py",
-          "benchmark_segmenters.py", "benchmark_serve.py", "measure_stand_ins.py", "plot_learning_curve.py",
+          "benchmark_segmenters.py", "benchmark_serve.py", "measure_glossary.py", "measure_stand_ins.py",
+          "plot_learning_curve.py",
           "results_table.py", "stress_serve.py"}
 
 
@@ -53,6 +54,29 @@ def script(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], ModuleType]:
 def test_every_script_has_a_test_here() -> None:
     found = {p.name for p in SCRIPTS.glob("*.py") if 'if __name__ == "__main__":' in p.read_text()}
     assert found == TESTED
+
+
+def test_glossary_terms_come_from_consistent_phrase_pairs(script) -> None:
+    """measure_glossary's terms (its aligner, eflomal, is the script's own tool and not installed here):
+    tight phrase pairs consistent with the links, whole words found once, common words left out."""
+    measure = script("measure_glossary")
+    src, tgt = ["the", "red", "car", "is", "here"], ["la", "voiture", "rouge", "est", "là"]
+    links = {(0, 0), (1, 2), (2, 1), (3, 3), (4, 4)}
+    pairs = measure.phrase_pairs(src, tgt, links)
+    assert (1, 3, 1, 3) in pairs and (1, 2, 2, 3) in pairs  # "red car" ~ "voiture rouge", "red" ~ "rouge"
+    assert (0, 2, 0, 3) not in pairs and all(j - i <= 3 and m - k <= 3 for i, j, k, m in pairs)
+    assert all(not ({(s, t) for s, t in links if i <= s < j} ^ {(s, t) for s, t in links if k <= t < m})
+               for i, j, k, m in pairs)  # consistent: no link leaves the pair on either side
+    terms = measure.candidate_terms(["The red car is here."], ["La voiture rouge est là."], [links],
+                                    {"the", "is", "here"}, {"la", "est", "là"})
+    got = {(e.source, e.target) for e in terms[0]}
+    assert ("red", "rouge") in got and ("red car", "voiture rouge") in got and ("car", "voiture") in got
+    assert all(e.source != "the" and e.target != "est" for e in terms[0])
+    entry = measure.Entry
+    candidates = [[entry("red", "rouge"), entry("car", "voiture")], [entry("dog", "chien")],
+                  [entry("cat", "chat")], []]
+    chosen = measure.choose(candidates, ["red car", "dog", "cat", "x"], one=2, two=1, seed=1)
+    assert sorted(len(t) for t in chosen.values()) == [1, 1, 2] and 3 not in chosen
 
 
 def test_the_markdown_table_writer() -> None:

@@ -110,8 +110,8 @@ def test_a_native_panic_in_decoding_leaves_the_server_serving(tiny_run: Path, ti
     with TestClient(app, raise_server_exceptions=False) as c:
         panicked = c.post("/translate", json={"text": ["panic"]})
         assert panicked.status_code == 500 and "\n" not in panicked.json()["error"]
-        assert c.post("/translate", json={"text": ["I am cold."]}).json() == {
-            "translations": [tiny_engine.translate("I am cold.")]}
+        assert c.post("/translate", json={"text": ["I am cold."]}).json()["translations"] == [
+            tiny_engine.translate("I am cold.")]
         assert c.get("/health").json()["status"] == "ok"
 
 
@@ -275,7 +275,7 @@ def test_health_answers_while_a_response_is_built(tiny_run: Path, tiny_engine: T
         for thread in threads:
             thread.join()
     assert health.status_code == 200 and waited < 0.5, waited
-    assert results["I am cold."].json() == {"translations": [tiny_engine.translate("I am cold.")]}
+    assert results["I am cold."].json()["translations"] == [tiny_engine.translate("I am cold.")]
 
 
 # -- 5. beam search's attention history is linear in the output length -----------------------------------

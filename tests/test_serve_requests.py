@@ -86,6 +86,34 @@ def test_text_the_tokenizer_cannot_encode_is_refused_422_naming_the_field(client
 
 
 # -- the body -------------------------------------------------------------------------------------------
+def test_a_request_brings_its_own_glossary_and_hears_how_each_term_fared(client: TestClient,
+                                                                         engine: Translator) -> None:
+    source = "Where is the station?"
+    plain = client.post("/translate", json={"text": [source, "Hello."]}).json()
+    assert "terms" not in plain
+    body = {"text": [source, "Hello."], "glossary": {"station": "gare", "nowhere": "nulle part"}}
+    got = client.post("/translate", json=body).json()
+    assert "gare" in got["translations"][0] and got["translations"][1] == plain["translations"][1]
+    status = "met" if re.search(r"(?<!\w)gare(?!\w)", got["translations"][0], re.I) else "missing"
+    assert [[{k: v for k, v in t.items() if k != "reason"} for t in text] for text in got["terms"]] == \
+        [[{"source": "station", "target": "gare", "status": status}], []]
+    long = {"text": "station", "glossary": {"station": "gare " * 300}}
+    refused = client.post("/translate", json=long).json()["terms"][0][0]
+    assert refused["status"] == "refused" and "tokens" in refused["reason"]
+    assert client.post("/translate", json=body).json() == got  # batched requests of one glossary agree
+
+
+def test_a_glossary_beyond_the_limits_or_with_an_empty_term_is_refused(client: TestClient) -> None:
+    many = {f"w{i}": "x" for i in range(10_000)}
+    _error(client.post("/translate", json={"text": "a", "glossary": many}), 413, "10000 terms",
+           "limits.max_glossary_terms")
+    _error(client.post("/translate", json={"text": "a", "glossary": {"a": "x" * 3000}}), 413,
+           "limits.max_chars")
+    _error(client.post("/translate", json={"text": "a", "glossary": {"station": "  "}}), 422,
+           "empty target side")
+    _error(client.post("/translate", json={"text": "a", "glossary": {"station": 3}}), 422, "glossary")
+
+
 def test_a_body_over_the_limit_is_refused_by_its_length_and_while_it_streams(client: TestClient) -> None:
     big = json.dumps({"text": ["a"], "padding": "x" * 300_000}).encode()
     _error(client.post("/translate", content=big, headers={"Content-Type": "application/json"}), 413,

@@ -92,10 +92,11 @@ def test_a_translation_holding_a_line_break_stays_on_its_line(tiny_run_copy: Pat
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """The hypothesis file has one line per test sentence, whatever the model writes (a byte-level model can
     write a line break): scores and files read back line by line stay aligned."""
+    from transformer_mt.decoding.translator import Translation
     from transformer_mt.jobs import evaluate as job
 
-    broken = [f"a\nb\rc{i}" for i in range(5)]
-    monkeypatch.setattr(job, "_best", lambda engine, sources, **_: broken[:len(sources)])
+    broken = [Translation(f"a\nb\rc{i}", 0.0) for i in range(5)]
+    monkeypatch.setattr(job, "_translated", lambda engine, sources: (broken[:len(sources)], 1.0, 0.0))
     tmt.evaluate([f"checkpoint={tiny_run_copy}", "max_sentences=5", "device=cpu"])
     written = next((tiny_run_copy / "eval").glob("test.*.hyp.txt")).read_text(encoding="utf-8")
     assert written.split("\n") == [f"a b c{i}" for i in range(5)] + [""]

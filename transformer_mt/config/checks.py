@@ -31,15 +31,20 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "split": ("test", "valid"),
     "engine": ("pytorch", "ctranslate2"),
     "decoding.input_case": ("fold", "model"),
+    "decoding.low_confidence": ("mark", "withhold"),
     "format": ("ct2", "hf", "onnx", "web"),
     "input_format": ("text", "tsv"),
     "document.format": ("auto", "text", "markdown", "html", "srt"),
     "document.names": ("auto", "copy", "model"),
-    "output_format": ("tsv", "json"),
     "quantization": ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
                      "bfloat16", "float32"),
 }
 
+# A command's own key whose values differ from another command's key of the same name.
+COMMAND_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
+    "ScoreConfig": {"output_format": ("tsv", "json")},
+    "TranslateConfig": {"output_format": ("text", "jsonl")},
+}
 
 
 def at_least(low: float, or_null: bool = False) -> Rule:
@@ -105,6 +110,7 @@ RANGES: dict[str, Rule] = {
     "training.max_bad_steps": at_least(1),
     "training.max_minutes": (lambda v: v is None or v > 0, "> 0 or null"),
     "training.num_samples": at_least(0),
+    "training.calibration_sentences": at_least(0),
     "training.betas": (lambda v: len(v) == 2 and all(0.0 <= b < 1.0 for b in v), "two numbers in [0, 1)"),
     "decoding.beam_size": at_least(1),
     "decoding.max_len_a": at_least(0),
@@ -114,6 +120,7 @@ RANGES: dict[str, Rule] = {
     "decoding.temperature": POSITIVE,
     "decoding.top_k": at_least(0),
     "decoding.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "decoding.min_confidence": (lambda v: v is None or 0 <= v <= 1, "in [0, 1] or null"),
     "max_sentences": at_least(1, or_null=True),
     "max_input_tokens": at_least(1, or_null=True),
     "port": (lambda v: 0 <= v <= 65535, "a TCP port in [0, 65535] (0: any free port)"),
@@ -122,6 +129,7 @@ RANGES: dict[str, Rule] = {
     "batching.max_queue": at_least(1),
     "limits.max_texts": at_least(1),
     "limits.max_chars": at_least(1),
+    "limits.max_glossary_terms": at_least(0),
     "limits.max_beam_size": at_least(1),
     "limits.timeout_s": POSITIVE,
     "limits.body_timeout_s": POSITIVE,
@@ -198,7 +206,13 @@ def n_best_in_beam(n_best: int, beam_size: int, prefix: str = "decoding.") -> li
 
 
 def _decoding_relations(dc: schema.DecodingConfig) -> list[str]:
-    return n_best_in_beam(dc.n_best, dc.beam_size)
+    found = n_best_in_beam(dc.n_best, dc.beam_size)
+    if dc.min_confidence is not None and not dc.confidence:
+        found.append(f"decoding.min_confidence={dc.min_confidence} needs decoding.confidence=true")
+    if dc.glossary and dc.sampling:
+        found.append("decoding.glossary needs beam or greedy search: its terms are hard constraints; set "
+                     "decoding.sampling=false or drop the glossary")
+    return found
 
 
 def _train_relations(cfg: commands.TrainConfig) -> list[str]:
@@ -214,6 +228,8 @@ def _train_relations(cfg: commands.TrainConfig) -> list[str]:
     return found
 
 
+GLOSSARY_ON_CT2 = ("decoding.glossary runs on engine=pytorch: CTranslate2 has no lexical constraints (it "
+                   "forces prefixes only)")
 _CHECKPOINT = "checkpoint= is required: a .pt file or a run directory under saved_weights/"
 
 
@@ -223,6 +239,8 @@ def _engine_relations(cfg: commands.EngineConfig) -> list[str]:
         found.append("engine=ctranslate2 runs on cpu or cuda, not mps; set device=cpu")
     if cfg.engine == "ctranslate2" and cfg.decoding.alignment:
         found.append("decoding.alignment=true runs on engine=pytorch (it reads the model's cross-attention)")
+    if cfg.engine == "ctranslate2" and cfg.decoding.glossary:
+        found.append(GLOSSARY_ON_CT2)
     return found
 
 
@@ -261,6 +279,13 @@ def _evaluate_relations(cfg: commands.EvaluateConfig) -> list[str]:
     if cfg.decoding.alignment:
         found.append("decoding.alignment=true is for translate and serve; evaluate scores the translations "
                      "alone")
+    if cfg.calibrate and "," in (cfg.checkpoint or ""):
+        found.append("calibrate=true fits one checkpoint's confidence; give one checkpoint, not an ensemble")
+    if cfg.calibrate and not cfg.decoding.confidence:
+        found.append("calibrate=true fits confidence: drop decoding.confidence=false")
+    if cfg.calibrate and cfg.split == "test" and not (cfg.tsv_file or cfg.src_file):
+        found.append("calibrate=true fits on held-out pairs that tests must not see: use split=valid (or "
+                     "tsv_file=/src_file= of your own held-out pairs)")
     return found
 
 
@@ -270,6 +295,14 @@ def _score_relations(cfg: commands.ScoreConfig) -> list[str]:
         found.append("give the pairs as input=<TSV> or as src=<file> tgt=<file>, not both")
     elif (cfg.src is None) != (cfg.tgt is None):
         found.append("src= and tgt= come together: one file of sources, one of their targets, aligned")
+    return found
+
+
+def _export_relations(cfg: commands.ExportConfig) -> list[str]:
+    found = output_problems("output_dir", cfg.output_dir, directory=True)
+    if cfg.glossary and cfg.format != "web":
+        found.append(f"glossary= goes into the page of format=web; format={cfg.format} writes a model, which "
+                     "takes a glossary where it translates (decoding.glossary=)")
     return found
 
 
@@ -287,7 +320,7 @@ RELATIONS: dict[str, Callable[[Any], list[str]]] = {
     "DecodingConfig": _decoding_relations, "TrainConfig": _train_relations,
     "TranslateConfig": _translate_relations, "ServeConfig": _serve_relations, "ScoreConfig": _score_relations,
     "EvaluateConfig": _evaluate_relations,
-    "ExportConfig": lambda cfg: output_problems("output_dir", cfg.output_dir, directory=True),
+    "ExportConfig": _export_relations,
 }
 # What a command cannot run without (`--cfg job` prints a config without them).
 REQUIRED: dict[str, Callable[[Any], list[str]]] = {
@@ -300,12 +333,13 @@ def section_problems(obj: Any, prefix: str = "", complete: bool = True) -> list[
     """Choices and ranges of every field of a config (its sections recursively), then its relations;
     with complete, also what it cannot run without."""
     found: list[str] = []
+    choices = {**CHOICES, **COMMAND_CHOICES.get(type(obj).__name__, {})}
     for f in dataclasses.fields(obj):
         key, value = f"{prefix}{f.name}", getattr(obj, f.name)
         if dataclasses.is_dataclass(value) and hasattr(type(value), "KEY"):  # a section: its own rules
             found += section_problems(value, f"{type(value).KEY}.")
-        elif key in CHOICES and value not in CHOICES[key]:
-            found.append(f"{key}={value!r} is not allowed; choose one of: {', '.join(CHOICES[key])}")
+        elif key in choices and value not in choices[key]:
+            found.append(f"{key}={value!r} is not allowed; choose one of: {', '.join(choices[key])}")
         elif key in RANGES and not RANGES[key][0](value):
             found += out_of_range(key, value, False, RANGES[key][1])
     for table in (RELATIONS, REQUIRED) if complete else (RELATIONS,):

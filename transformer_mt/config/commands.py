@@ -59,7 +59,9 @@ class EvaluateConfig:
     robustness: bool = False  # also score the set as people type it: ALL CAPS, lowercase, typos, ...
     documents: bool = False  # also score text as people have it: several sentences a line, spans, names
     document: DocumentConfig = field(default_factory=DocumentConfig)  # how the documents report's texts go
-    seed: int = 1  # the robustness and documents reports draw their typos and cases from it
+    seed: int = 1  # the robustness and documents reports draw their typos and cases, confidence its bootstrap
+    # also fit the checkpoint's confidence on this set (split=valid), written as calibration.json beside it
+    calibrate: bool = False
     traceback: bool = False
 
 
@@ -90,6 +92,9 @@ class TranslateConfig(EngineConfig):
     scores: bool = False  # print the score before each translation
     attention_png: str | None = None  # write a cross-attention heatmap of the first sentence
     input_format: str = "text"  # text: one sentence a line | tsv: source<TAB>prefix (forced start)
+    # text: translations a line (`scores` adds their column) | jsonl: one JSON object a line, with the
+    # translation's confidence and its words' (decoding.confidence)
+    output_format: str = "text"
 
 
 @dataclass
@@ -124,7 +129,8 @@ class LimitsConfig(Section):
 
     KEY = "limits"
     max_texts: int = 64  # texts per request
-    max_chars: int = 1000  # characters per text
+    max_chars: int = 1000  # characters per text (and per glossary term)
+    max_glossary_terms: int = 100  # entries of a request's own glossary
     max_beam_size: int = 16
     timeout_s: float = 60.0  # a request still waiting after this gets 503
     body_timeout_s: float = 10.0  # a body still arriving after this gets 408
@@ -162,6 +168,7 @@ class ExportConfig:
     quantization: str = "int8"  # format=ct2: int8 | int8_float32 | float32 | float16 ...
     output_dir: str | None = None  # null: <run dir>/ct2-<quantization>, or <run dir>/<format>
     overwrite: bool = False  # replace an existing output_dir (an earlier export only)
+    glossary: str | None = None  # format=web: a `source<TAB>target` TSV the page's translations follow
     traceback: bool = False
 
 

@@ -235,6 +235,8 @@ class TrainingConfig(Section):
     max_bad_steps: int = 5  # consecutive non-finite losses (skipped steps) before the run stops
     min_free_mib: int = 200  # refuse to start when the run directory's disk has less free space
     num_samples: int = 5  # sample translations logged every validation
+    # At the end, confidence calibrated on the last N valid pairs (decoding/calibration.py); 0 = not
+    calibration_sentences: int = 500
     progress: bool = True  # tqdm progress bar
 
 
@@ -287,6 +289,13 @@ class DecodingConfig(SearchConfig):
     # Input in ALL CAPS or all lowercase: `fold` translates it in sentence case and writes the translation
     # in the input's case (a corpus shows the model few such sentences); `model` gives it as typed.
     input_case: str = "fold"
+    # Each best translation's confidence and its words' (decoding/confidence.py), from one forced pass more
+    confidence: bool = True
+    min_confidence: float | None = None  # a translation below this confidence is low (null: none is)
+    low_confidence: str = "mark"  # mark: flagged (jsonl, serve) and counted | withhold: its text left out
+    # A UTF-8 TSV file `source term<TAB>target term` a line: where a source term occurs, its target term is
+    # in the translation (hard constraints of beam and greedy search; docs/decoding.md)
+    glossary: str | None = None
 
 
 @dataclass

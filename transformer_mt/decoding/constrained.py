@@ -36,25 +36,29 @@ def limits(max_len: list[int], forced: Tensor | None, c: Constraints | None, max
     if c is None:
         return max_len
     prefix = (forced >= 0).sum(1).tolist() if forced is not None else [0] * len(max_len)
+    # With word edges a term may need a token more (a space before it): one spare token a term.
+    spare = (c.minlen > 0).sum(1).tolist() if c.edges is not None else [0] * len(max_len)
     out = []
-    for i, (m, p, need) in enumerate(zip(max_len, prefix, c.cmin.tolist(), strict=True)):
+    for i, (m, p, need, s) in enumerate(zip(max_len, prefix, c.cmin.tolist(), spare, strict=True)):
         if p + need > max_positions - 1:
             raise ValueError(f"sentence {i}: its prefix and terms need {p + need} target tokens, this "
                              f"model writes at most {max_positions - 1}; decode the terms "
                              "constraints.fit_terms keeps")
-        out.append(max(m, p + need))
+        out.append(max(m, min(p + need + s, max_positions - 1)))
     return out
 
 
 def _term_tokens(state: TermState, c: Constraints) -> tuple[Tensor, Tensor]:
     """Each beam's constraint tokens (A, K, 2M) and which are real: per variant of an unmet term, its
-    next token and (when started) its first."""
+    next token and (when started) its first; never a first token that would glue to the word before."""
     A, K, M = state.prog.shape
     seq = c.seq[:, None].expand(A, K, M, -1)
     following = seq.gather(-1, state.prog[..., None]).squeeze(-1)
     first = seq[..., 0]
     open_variant = (~state.met).gather(-1, c.term[:, None].expand(A, K, M)) & (c.length > 0)[:, None]
-    return torch.cat((following, first), -1), torch.cat((open_variant, open_variant & (state.prog > 0)), -1)
+    startable = open_variant & ~(c.glued[:, None] & state.in_word[..., None])
+    going = torch.where(state.prog > 0, open_variant, startable)
+    return torch.cat((following, first), -1), torch.cat((going, startable & (state.prog > 0)), -1)
 
 
 def _drop_duplicates(score: Tensor, row: Tensor, tok: Tensor, vocab: int) -> Tensor:
@@ -98,9 +102,12 @@ class TermSearch:
         self.n_banks = int(c.cmin.max()) + 1  # read once: banks are 0..cmin
 
     def close_eos(self, logp: Tensor) -> Tensor:
-        """logp (A*K, V) with <eos> impossible for beams whose terms are not all met."""
+        """logp (A*K, V) with <eos> impossible for beams whose terms are not all met, and (with word edges)
+        no token gluing to a term just written."""
         unmet = self.state.need(self.c).view(-1) > 0
         logp[:, self.eos_id] = logp[:, self.eos_id].masked_fill(unmet, NEG_INF)
+        if self.c.edges is not None:
+            logp = logp.masked_fill(self.state.fresh.view(-1, 1) & self.c.edges.glues, NEG_INF)
         return logp
 
     def candidates(self, logp: Tensor, scores: Tensor, top: tuple[Tensor, Tensor, Tensor],
@@ -142,4 +149,4 @@ class TermSearch:
 
     def kept(self, index: Tensor) -> None:
         """Only the sentences `index` go on."""
-        self.c, self.state = self.c.kept(index), TermState(self.state.prog[index], self.state.met[index])
+        self.c, self.state = self.c.kept(index), self.state.sentences(index)

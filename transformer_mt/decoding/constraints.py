@@ -19,13 +19,14 @@ The state is tensors, so a search step costs no host read:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from transformer_mt.data.tokenizer import SPECIAL_TOKENS, Vocabulary
+from transformer_mt.decoding.glossary import Entry, TermUse, holds_term
 
 TermIds = Sequence[Sequence[int]]  # the variants of one target term, each its token ids
 
@@ -90,6 +91,30 @@ def fit_terms(terms: Sequence[TermIds], room: int) -> tuple[list[int], list[Term
     return kept, refused
 
 
+def sentence_terms(entries: Sequence[Entry], variants: Callable[[str], list[list[int]]],
+                   room: int) -> tuple[list[TermIds], list[TermUse]]:
+    """The terms one sentence is searched with (its entries' target terms, each once, as `variants` gives
+    their ids; at most what `room` output tokens hold, `fit_terms`), and the refusal of each other entry."""
+    targets = list(dict.fromkeys(e.target for e in entries))
+    ids = [variants(t) for t in targets]
+    kept, refused = fit_terms(ids, room)
+    why = {targets[r.index]: r.reason for r in refused}
+    uses = [TermUse(e.source, e.target, "refused", why[e.target]) for e in entries if e.target in why]
+    return [ids[k] for k in kept], uses
+
+
+def terms_used(entries: Sequence[Entry], refused: Sequence[TermUse], text: str) -> list[TermUse]:
+    """How each of a sentence's entries fared in its translation `text`: refused as `refused` says, else
+    met when the text holds its target term, else missing."""
+    out = {u.source: u for u in refused}
+    for e in entries:
+        if e.source not in out:
+            out[e.source] = (TermUse(e.source, e.target, "met") if holds_term(text, e.target) else
+                             TermUse(e.source, e.target, "missing", "the search wrote it, but it is not in "
+                                     "the text as written out (as whole words)"))
+    return [out[e.source] for e in entries]
+
+
 def _automaton(variant: Sequence[int]) -> list[list[int]]:
     """KMP transitions of one variant: [k][p] = progress after reading token variant[p] in progress k
     (0 <= k < len; a token that is not in the variant sends progress to 0)."""
@@ -111,6 +136,35 @@ def _automaton(variant: Sequence[int]) -> list[list[int]]:
     return table
 
 
+@dataclass(frozen=True)
+class WordEdges:
+    """Where each target token stands against words: `glues` (V,) its text continues a word written
+    before it (no space or mark of its own, as `imante` after `impr`), `ends` (V,) its text ends inside a
+    word (a letter, digit or _ last). With them a term is written as whole words: a variant whose first
+    token glues does not start right after a token that ends a word (`que` + `lorsque`), and the token
+    after a term just written does not glue to it (`serpent` + `ie`)."""
+
+    glues: Tensor
+    ends: Tensor
+
+    @classmethod
+    def of(cls, vocab: Vocabulary, device: torch.device | str = "cpu") -> WordEdges:
+        """Each token's edges, read from its text as the tokenizer decodes it, alone and after `a`."""
+        anchor = vocab.encode_tgt(["a"])[0]
+        lead = len(vocab.decode_tgt([anchor])[0])
+        ids = range(vocab.tgt_vocab_size)
+        after = vocab.decode_tgt([[*anchor, v] for v in ids])
+        alone = vocab.decode_tgt([[v] for v in ids])
+        glues = [len(text) > lead and (text[lead].isalnum() or text[lead] == "_") for text in after]
+        ends = [bool(text) and (text[-1].isalnum() or text[-1] == "_") for text in alone]
+        special = len(SPECIAL_TOKENS)
+        glues[:special], ends[:special] = [False] * special, [False] * special
+        return cls(torch.tensor(glues, device=device), torch.tensor(ends, device=device))
+
+    def to(self, device: torch.device) -> WordEdges:
+        return WordEdges(self.glues.to(device), self.ends.to(device))
+
+
 @dataclass
 class Constraints:
     """The terms of a batch as padded tensors (A sentences, M variants, L longest variant, J terms)."""
@@ -120,9 +174,12 @@ class Constraints:
     term: Tensor  # (A, M) long: the term each variant writes
     minlen: Tensor  # (A, J) long: each term's shortest variant, 0 for padding
     dfa: Tensor  # (A, M, L, L) long: `_automaton` of each variant
+    glued: Tensor  # (A, M) bool: the variant's first token glues to a word before it (WordEdges)
+    edges: WordEdges | None = None  # None: terms are runs of tokens, whatever surrounds them
 
     @classmethod
-    def build(cls, terms: Sequence[Sequence[TermIds]], device: torch.device) -> Constraints:
+    def build(cls, terms: Sequence[Sequence[TermIds]], device: torch.device,
+              edges: WordEdges | None = None) -> Constraints:
         """The tensors of each sentence's terms (each term: its variants' ids). Terms with the same
         variants are one term; a term with no variant, or a variant holding a special token, is an
         error (`fit_terms` refuses the first, `term_variants` never makes the second)."""
@@ -147,7 +204,12 @@ class Constraints:
                 dfa[a, m, :len(v), :len(v)] = torch.tensor(_automaton(v))
             for j, t in enumerate(sentence):
                 minlen[a, j] = shortest(t)
-        return cls(*(x.to(device) for x in (seq, length, term, minlen, dfa)))
+        tensors = [x.to(device) for x in (seq, length, term, minlen, dfa)]
+        if edges is None:
+            return cls(*tensors, torch.zeros(A, M, dtype=torch.bool, device=device))
+        edges = edges.to(device)
+        glued = edges.glues[tensors[0][..., 0].clamp(min=0)] & (tensors[1] > 0)
+        return cls(*tensors, glued, edges)
 
     @property
     def cmin(self) -> Tensor:
@@ -156,7 +218,8 @@ class Constraints:
 
     def kept(self, index: Tensor) -> Constraints:
         """The sentences `index` (A',), as the search drops finished ones."""
-        return Constraints(*(x[index] for x in (self.seq, self.length, self.term, self.minlen, self.dfa)))
+        return Constraints(*(x[index] for x in (self.seq, self.length, self.term, self.minlen, self.dfa,
+                                                self.glued)), self.edges)
 
 
 @dataclass
@@ -166,13 +229,16 @@ class TermState:
 
     prog: Tensor  # (A, R, M) long, in 0..length-1
     met: Tensor  # (A, R, J) bool; a padding term counts as met
+    in_word: Tensor  # (A, R) bool: the last token ends inside a word (WordEdges.ends)
+    fresh: Tensor  # (A, R) bool: the last token finished writing a variant
 
     @classmethod
     def start(cls, c: Constraints, rows: int) -> TermState:
         """Nothing written yet, for `rows` hypotheses of each sentence."""
         A, M = c.length.shape
         met = (c.minlen == 0)[:, None].expand(A, rows, -1).clone()
-        return cls(torch.zeros(A, rows, M, dtype=torch.long, device=c.seq.device), met)
+        none = torch.zeros(A, rows, dtype=torch.bool, device=c.seq.device)
+        return cls(torch.zeros(A, rows, M, dtype=torch.long, device=c.seq.device), met, none, none)
 
     def need(self, c: Constraints) -> Tensor:
         """(A, R) tokens a completion takes writing the unmet terms apart (the module docstring)."""
@@ -197,7 +263,12 @@ class TermState:
     def select(self, index: Tensor) -> TermState:
         """The hypotheses index (A, R') of each sentence."""
         return TermState(self.prog.gather(1, index[..., None].expand(-1, -1, self.prog.size(2))),
-                         self.met.gather(1, index[..., None].expand(-1, -1, self.met.size(2))))
+                         self.met.gather(1, index[..., None].expand(-1, -1, self.met.size(2))),
+                         self.in_word.gather(1, index), self.fresh.gather(1, index))
+
+    def sentences(self, index: Tensor) -> TermState:
+        """The sentences `index` (A',)."""
+        return TermState(self.prog[index], self.met[index], self.in_word[index], self.fresh[index])
 
     def advance(self, c: Constraints, tokens: Tensor) -> TermState:
         """The state after each hypothesis writes its token (A, R): KMP steps of every variant; a variant
@@ -208,7 +279,9 @@ class TermState:
         a = torch.arange(A, device=tokens.device)[:, None, None]
         m = torch.arange(c.seq.size(1), device=tokens.device)[None, None, :]
         prog = torch.where(eq.any(-1), c.dfa[a, m, self.prog, at], 0)  # (A, R, M)
+        prog = prog.masked_fill((prog == 1) & c.glued[:, None] & self.in_word[..., None], 0)  # mid-word
         done = (prog == c.length[:, None]) & (c.length > 0)[:, None]
         writes = c.term[:, :, None] == torch.arange(c.minlen.size(1), device=tokens.device)  # (A, M, J)
         met = self.met | (done[..., None] & writes[:, None]).any(2)
-        return TermState(prog.masked_fill(done, 0), met)
+        in_word = c.edges.ends[tokens] if c.edges is not None else self.in_word
+        return TermState(prog.masked_fill(done, 0), met, in_word, done.any(-1))

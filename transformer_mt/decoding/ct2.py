@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,10 @@ from typing import Any
 import torch
 
 from transformer_mt.config import DecodingConfig
+from transformer_mt.config.checks import GLOSSARY_ON_CT2
 from transformer_mt.data.tokenizer import BOS_ID, EOS, EOS_ID, PAD_ID, UNK_ID, Vocabulary
+from transformer_mt.decoding.confidence import Rater, read_calibration
+from transformer_mt.decoding.glossary import Entry, Glossary
 from transformer_mt.decoding.search import (
     DecodingStopped,
     StopCheck,
@@ -62,6 +66,7 @@ class CT2Translator(TextTranslator):
         self.decoding = decoding or DecodingConfig()
         self.limit_inputs(self.max_positions, max_input_tokens)
         self.info = info or {}
+        self.rater = Rater(None)
         self._src_itos = [vocab.src.id_to_token(i) for i in range(vocab.src_vocab_size)]
         self._tgt_stoi = vocab.tgt.get_vocab(with_added_tokens=True)
         self._banned = [[vocab.tgt.id_to_token(i)] for i in sorted({PAD_ID, BOS_ID} - {EOS_ID})]
@@ -92,7 +97,11 @@ class CT2Translator(TextTranslator):
         info = {"model_dir": str(path), "checkpoint": meta.get("checkpoint"), "epoch": meta.get("epoch"),
                 "step": meta.get("step"), "quantization": meta.get("quantization"),
                 "compute_type": translator.compute_type, "device": translator.device}
-        return cls(translator, vocab, meta, decoding, max_input_tokens, info, exact)
+        engine = cls(translator, vocab, meta, decoding, max_input_tokens, info, exact)
+        # The export copied the run's calibration only where it was fitted for the exported weights.
+        engine.rater = Rater(read_calibration(path), "fit one for the run (transformer-mt evaluate "
+                             "checkpoint=<run> split=valid calibrate=true), then export it again")
+        return engine
 
     def max_length(self, n_src: int, decoding: DecodingConfig) -> int:
         """Output tokens allowed (without <eos>) for n_src source tokens, as in PyTorch search."""
@@ -196,13 +205,19 @@ class CT2Translator(TextTranslator):
                 hyp[1] = float(sum(s.log_probs))
         return collected
 
+    def use_glossary(self, glossary: Glossary | None) -> None:
+        if glossary is not None:
+            raise ConfigError(GLOSSARY_ON_CT2)
+
     def search_nbest(self, sentences: list[str], return_attention: bool = False,
                      prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
                      tgt_lang: str | None = None, aligned: int | None = None,
-                     **options: Any) -> list[list[Translation]]:
+                     terms: list[list[Entry]] | None = None, **options: Any) -> list[list[Translation]]:
         """n-best translations per sentence (best first); empty input gives one empty translation.
         CTranslate2 decodes a batch in one call: should_stop is asked once, before it."""
         decoding = self.decoding_options(**options)
+        if terms and any(terms):
+            raise ConfigError(GLOSSARY_ON_CT2)
         if self.prefix_ids(sentences, prefixes, decoding):
             raise ConfigError("prefix decoding runs on engine=pytorch; drop decoding.prefix or the prefixes")
         if decoding.alignment:
@@ -245,4 +260,20 @@ class CT2Translator(TextTranslator):
                             self.vocab.tgt_tokens_from_ids(tid) if return_attention else None, h[2])
                 for text, tid, h in zip(texts, token_ids, best)
             ]
+        if decoding.confidence:
+            self._rate(results, {i: (sources[i][:-1], hyps[0][0]) for i, hyps in collected.items()})
         return results
+
+    def _rate(self, results: list[list[Translation]], best: dict[int, tuple[list[str], list[str]]]) -> None:
+        """Set the confidence of each best translation (results[i][0]) from CTranslate2's scores of its
+        tokens (`score_batch`: one teacher-forced pass over (source tokens, best output tokens) by i)."""
+        started = time.perf_counter()
+        order = list(best)
+        scored = self.translator.score_batch([best[i][0] for i in order], [best[i][1] for i in order],
+                                             max_input_length=0)
+        for i, found in zip(order, scored, strict=True):
+            ids = [self._tgt_stoi.get(t, UNK_ID) for t in best[i][1]]
+            top = results[i][0]
+            log_probs = torch.tensor(found.log_probs, dtype=torch.float32)  # the output's tokens and </s>
+            top.confidence, top.word_confidences = self.rater.rate(log_probs, ids, self.vocab.tgt, top.text)
+        self.rater.seconds += time.perf_counter() - started

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 from transformer_mt.config import EngineConfig
+from transformer_mt.decoding.glossary import read_glossary
 from transformer_mt.decoding.translator import TextTranslator, Translator
 from transformer_mt.runtime.device import configure_threads, select_device
 
@@ -14,7 +15,17 @@ log = logging.getLogger(__name__)
 
 def load_engine(cfg: EngineConfig) -> TextTranslator:
     """The PyTorch Translator on a checkpoint, or with engine=ctranslate2 a CT2Translator (the same
-    interface) on a model directory written by `transformer-mt export` (the `ct2` extra)."""
+    interface) on a model directory written by `transformer-mt export` (the `ct2` extra); with
+    decoding.glossary, its glossary (read before the model: a bad file is one line, and no wait)."""
+    glossary = read_glossary(cfg.decoding.glossary)
+    engine = _engine(cfg)
+    engine.use_glossary(glossary)
+    if glossary is not None:
+        log.info("glossary %s: %d terms", cfg.decoding.glossary, len(glossary))
+    return engine
+
+
+def _engine(cfg: EngineConfig) -> TextTranslator:
     configure_threads(cfg.device)
     if cfg.engine == "ctranslate2":
         from transformer_mt.decoding.ct2 import (

@@ -23,9 +23,11 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
+from transformer_mt.config import resolve_path
 from transformer_mt.data.text_files import read_utf8, split_lines
-from transformer_mt.errors import DataError
+from transformer_mt.errors import ConfigError, DataError
 
 _SPACES = re.compile(r"\s+")
 
@@ -47,6 +49,47 @@ class Match:
     start: int
     end: int
     entry: Entry
+
+
+@dataclass(frozen=True)
+class TermUse:
+    """How one glossary term fared in a translation: `met` (its target term is in it), `refused` (the
+    search could not take it: `reason`), or `missing` (taken, yet not in the text as it came out, after
+    spans were restored or case re-applied: `reason`)."""
+
+    source: str
+    target: str
+    status: Literal["met", "refused", "missing"]
+    reason: str = ""
+
+
+def sentence_entries(sentences: Sequence[str], terms: Sequence[Sequence[Entry]] | None,
+                     glossary: Glossary | None) -> list[list[Entry]] | None:
+    """Each sentence's entries: `terms` as given, else those `glossary` finds in it; None without either."""
+    if terms is None:
+        return None if glossary is None else [[m.entry for m in glossary.find(s)] for s in sentences]
+    if len(terms) != len(sentences):
+        raise ConfigError(f"{len(terms)} term lists for {len(sentences)} sentences; give one each")
+    return [list(t) for t in terms]
+
+
+def read_glossary(path: str | None) -> Glossary | None:
+    """decoding.glossary's file (relative to where the command started), or None when not set."""
+    return Glossary.read(resolve_path(path)) if path else None
+
+
+def count_terms(uses: Iterable[TermUse]) -> dict[str, int]:
+    """How these glossary terms fared (of translations): how many, and how many of each status."""
+    uses = list(uses)
+    return {"terms": len(uses), **{status: sum(u.status == status for u in uses)
+                                   for status in ("met", "refused", "missing")}}
+
+
+def holds_term(text: str, target: str) -> bool:
+    """Whether `text` holds the target term as whole words, in any case (an ALL CAPS input's translation
+    is written in capitals), any run of whitespace for a space."""
+    words = r"\s+".join(map(re.escape, target.split()))
+    return re.search(rf"(?<!\w)(?i:{words})(?!\w)", text) is not None
 
 
 def _pattern(source: str) -> str:
@@ -85,6 +128,7 @@ class Glossary:
                                 f"{seen.line} gave it {seen.target!r}; keep one")
             by_source.setdefault(e.source, e)
         # Longest first: at one start the regex takes the first alternative that matches.
+        self.name = name
         self.entries = sorted(by_source.values(), key=lambda e: -len(e.source))
         self._patterns = [rf"({_pattern(e.source)})(?!\w)" for e in self.entries]
         self._regex = (re.compile(rf"(?<!\w)(?=(?:{'|'.join(self._patterns)}))") if self.entries else None)
@@ -99,11 +143,27 @@ class Glossary:
 
     @classmethod
     def of(cls, pairs: Iterable[tuple[str, str]], name: str = "glossary") -> Glossary:
-        """The glossary of (source, target) pairs (a request's), numbered from 1 as lines."""
-        return cls([_entry(f"{s}\t{t}", n, name) for n, (s, t) in enumerate(pairs, start=1)], name)
+        """The glossary of (source, target) pairs (a request's), numbered from 1 as lines; DataError for
+        a pair with an empty side."""
+        entries = []
+        for n, (s, t) in enumerate(pairs, start=1):
+            source, target = _SPACES.sub(" ", s).strip(), _SPACES.sub(" ", t).strip()
+            if not source or not target:
+                raise DataError(f"{name}: term {n} ({s[:40]!r}: {t[:40]!r}) has an empty "
+                                f"{'source' if not source else 'target'} side; give both")
+            entries.append(Entry(source, target, n))
+        return cls(entries, name)
 
     def __len__(self) -> int:
         return len(self.entries)
+
+    def merged(self, other: Glossary | None) -> Glossary:
+        """This glossary with `other`'s entries added, other's target winning for a source both have (a
+        request's glossary over the server's)."""
+        if other is None or not len(other):
+            return self
+        theirs = {e.source for e in other.entries}
+        return Glossary([*other.entries, *(e for e in self.entries if e.source not in theirs)], other.name)
 
     def find(self, text: str) -> list[Match]:
         """The source terms in `text`, in text order: whole words, case rule, longest entry first, no

@@ -1,4 +1,4 @@
-"""Corpus-level translation metrics: BLEU and chrF from sacrebleu, CER and WER from jiwer."""
+"""Translation metrics: corpus BLEU and chrF and sentence chrF from sacrebleu, CER and WER from jiwer."""
 
 from __future__ import annotations
 
@@ -51,6 +51,12 @@ def score(hypotheses: list[str], references: list[str]) -> Scores:
         chrf_signature=str(chrf.get_signature()),
         n=len(hypotheses),
     )
+
+
+def sentence_chrfs(hypotheses: list[str], references: list[str]) -> list[float]:
+    """Each sentence's own chrF (sacrebleu's sentence_chrf, the corpus chrF's settings), 0-100."""
+    chrf = sacrebleu.metrics.CHRF()
+    return [float(chrf.sentence_score(h, [r]).score) for h, r in zip(hypotheses, references, strict=True)]
 
 
 def mean_scores(scores: list[Scores]) -> Scores:

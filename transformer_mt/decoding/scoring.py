@@ -2,10 +2,11 @@
 
 `score_pairs` is the training objective read back per pair: the log-probability of each target's pieces
 and its <eos> given the source, summed, exactly what `loss.summed_nll` (without label smoothing) adds up
-over a batch. `forced_attention` runs the same pass for the decoder's cross-attention, one layer averaged
-over its heads: word alignments of any output (greedy, beam, sampled, n-best) come from it, one pass over
-the chosen hypotheses rather than attention kept during the search. Both batch pairs by length like
-decoding and return results in input order; an `Ensemble` works as a model (its averaged probabilities).
+over a batch; `token_log_probs` gives those log-probabilities one by one (what confidence.py rates).
+`forced_attention` runs the same pass for the decoder's cross-attention, one layer averaged over its
+heads: word alignments of any output (greedy, beam, sampled, n-best) come from it, one pass over the
+chosen hypotheses rather than attention kept during the search. They batch pairs by length like decoding
+and return results in input order; an `Ensemble` works as a model (its averaged probabilities).
 """
 
 from __future__ import annotations
@@ -71,20 +72,31 @@ def score_pairs(model: Transformer | Ensemble, src_ids: Sequence[Sequence[int]],
                 tgt_ids: Sequence[Sequence[int]], device: torch.device, batch_tokens: int,
                 amp: torch.dtype | None = None) -> list[PairScore]:
     """Each pair's log-probability under teacher forcing (ids without bos/eos), input order kept."""
-    scores: list[PairScore | None] = [None] * len(src_ids)
+    return [PairScore(float(gained.double().sum()), len(gained))
+            for gained in token_log_probs(model, src_ids, tgt_ids, device, batch_tokens, amp)]
+
+
+def token_log_probs(model: Transformer | Ensemble, src_ids: Sequence[Sequence[int]],
+                    tgt_ids: Sequence[Sequence[int]], device: torch.device, batch_tokens: int,
+                    amp: torch.dtype | None = None,
+                    should_stop: Callable[[], bool] | None = None) -> list[torch.Tensor]:
+    """Each pair's log-probability of each of its target's tokens under teacher forcing: (target pieces +
+    <eos>,) float32 on the CPU, input order kept. `should_stop`, asked before each batch, ends the pass
+    with DecodingStopped when it says True."""
+    found: list[torch.Tensor | None] = [None] * len(src_ids)
     with _evaluating(model), torch.inference_mode():
         for indices, batch in _batches(src_ids, tgt_ids, batch_tokens):
+            if should_stop is not None and should_stop():
+                raise DecodingStopped("the forced pass over the translations was stopped")
             batch = batch.to(device)
             out, _ = _teacher_forced(model, batch, amp, need_attention=False)
             # An ensemble's output is already log-probabilities; log_softmax leaves them as they are.
             logp = torch.log_softmax(out.float(), dim=-1)
             target = batch.tgt_out  # (B, T): y + <eos>, padded
-            real = target != model.pad_id
-            gained = logp.gather(2, target.unsqueeze(2)).squeeze(2).masked_fill(~real, 0.0)  # (B, T)
-            sums, counts = gained.double().sum(1).tolist(), real.sum(1).tolist()
-            for i, total, count in zip(indices, sums, counts, strict=True):
-                scores[i] = PairScore(total, count)
-    return scores  # type: ignore[return-value]
+            gained = logp.gather(2, target.unsqueeze(2)).squeeze(2).cpu()  # (B, T)
+            for row, i in enumerate(indices):
+                found[i] = gained[row, : len(tgt_ids[i]) + 1].clone()
+    return found  # type: ignore[return-value]
 
 
 def forced_attention(model: Transformer | Ensemble, src_ids: Sequence[Sequence[int]],

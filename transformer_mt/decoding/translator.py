@@ -28,7 +28,17 @@ from transformer_mt.config import DecodingConfig, DeviceConfig
 from transformer_mt.data.text_variants import CASES, one_case, sentence_case
 from transformer_mt.data.tokenizer import Vocabulary
 from transformer_mt.decoding.alignment import source_words, target_words, word_alignment
+from transformer_mt.decoding.confidence import (
+    Rater,
+    WordConfidences,
+    read_calibration,
+    recased,
+    weights_fingerprint,
+)
+from transformer_mt.decoding.constraints import terms_used
 from transformer_mt.decoding.decode import decode_ids
+from transformer_mt.decoding.glossary import Entry, Glossary, TermUse, sentence_entries
+from transformer_mt.decoding.glossary_user import GlossaryUser
 from transformer_mt.decoding.scoring import PairScore, forced_attention, score_pairs
 from transformer_mt.decoding.search import StopCheck
 from transformer_mt.errors import ConfigError, DataError
@@ -40,14 +50,17 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Translation:
-    """One hypothesis: detokenised text, its model score and (on request) cross-attention and word
-    alignment."""
+    """One hypothesis: detokenised text, its model score and (on request) cross-attention, word alignment
+    and, for the best of each list, its confidence and its words' (decoding/confidence.py)."""
 
     text: str
     score: float
     tokens: list[str] | None = None
     attention: torch.Tensor | None = None  # (layers, heads, output tokens + eos, source tokens + eos)
     alignment: list[tuple[int, int]] | None = None  # (source word, target word) links, decoding.alignment
+    terms: list[TermUse] | None = None  # with a glossary: each of the sentence's terms, how it fared
+    confidence: float | None = None  # decoding.confidence: its expected chrF/100 once calibrated
+    word_confidences: WordConfidences | None = None  # each word of `text`, with its confidence
 
 
 @dataclass(frozen=True)
@@ -61,7 +74,7 @@ class Unfit:
     reason: str
 
 
-class TextTranslator:
+class TextTranslator(GlossaryUser):
     """What every engine offers on top of its own `translate_nbest`: strings in, strings out.
 
     Subclasses set `vocab`, `decoding` and `tgt_lang`, and call `limit_inputs`. A model of several target
@@ -74,6 +87,7 @@ class TextTranslator:
     info: dict[str, Any]  # what the engine runs: the checkpoint, its step, the run's config ...
     tgt_lang: str | None = None
     known_words: frozenset[str] | None = None  # the training pairs' words (data/words.py), where known
+    rater: Rater = Rater(None)  # scores to confidences: each engine sets its own (its calibration)
     max_input_tokens: int
     max_prefix_tokens: int
     max_positions: int
@@ -116,6 +130,7 @@ class TextTranslator:
     def translate_nbest(self, sentences: list[str], return_attention: bool = False,
                         prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
                         tgt_lang: str | None = None, aligned: int | None = None,
+                        terms: Sequence[Sequence[Entry]] | None = None, glossary: Glossary | None = None,
                         **options: Any) -> list[list[Translation]]:
         """n-best translations per sentence (best first); with prefixes, each translation starts with
         its sentence's prefix (decoding.prefix gives one to all); into `tgt_lang` (None: the engine's).
@@ -124,27 +139,38 @@ class TextTranslator:
         each list (None: all) get word alignments, the others none. With decoding.input_case=fold, a
         sentence in ALL CAPS or all lowercase (and no prefix) is translated in sentence case, and its
         translations written in its case.
+        With a glossary (`glossary`, else the engine's), each translation holds the target term of each
+        source term its sentence holds (`Glossary.find` on the text as typed), and says how each fared
+        (`Translation.terms`); `terms` gives each sentence's entries instead (the documents layer does).
         A deterministic search (no sampling, no prefixes) searches each distinct text once: a file's
         repeated lines, or the ALL CAPS and lowercase forms of one sentence, which fold to one text."""
         decoding = self.decoding_options(**options)
+        entries = sentence_entries(sentences, terms, glossary or self.glossary)
+        if decoding.sampling and entries and any(entries):
+            raise ConfigError("a glossary's terms need beam or greedy search; set decoding.sampling=false")
         fold = decoding.input_case == "fold" and not decoding.prefix
         forced = [bool(prefixes and i < len(prefixes) and prefixes[i]) for i in range(len(sentences))]
         cases = [one_case(s) if fold and not f else None for s, f in zip(sentences, forced)]
         texts = [sentence_case(s) if case else s for s, case in zip(sentences, cases)]
-        distinct = list(dict.fromkeys(texts)) if prefixes is None and not decoding.sampling else texts
-        results = self.search_nbest(distinct, return_attention, prefixes, should_stop, tgt_lang, aligned,
-                                    **options)
-        if distinct is not texts:
-            at = {text: i for i, text in enumerate(distinct)}
-            results = [list(results[at[text]]) for text in texts]
-        return [[dataclasses.replace(t, text=CASES[case](t.text)) for t in nbest] if case else nbest
-                for nbest, case in zip(results, cases)]
+        keys = list(zip(texts, map(tuple, entries))) if entries is not None else texts
+        distinct = list(dict.fromkeys(keys)) if prefixes is None and not decoding.sampling else keys
+        at = {key: i for i, key in enumerate(distinct)}
+        unique = [k[0] for k in distinct] if entries is not None else distinct
+        searched = [list(k[1]) for k in distinct] if entries is not None else None
+        results = self.search_nbest(unique, return_attention, prefixes, should_stop, tgt_lang, aligned,
+                                    terms=searched, **options)
+        if distinct is not keys:
+            results = [list(results[at[key]]) for key in keys]
+        return [[dataclasses.replace(t, text=CASES[case](t.text),
+                                     word_confidences=recased(t.word_confidences, CASES[case]))
+                 for t in nbest] if case else nbest for nbest, case in zip(results, cases)]
 
     def search_nbest(self, sentences: list[str], return_attention: bool = False,
                      prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
                      tgt_lang: str | None = None, aligned: int | None = None,
-                     **options: Any) -> list[list[Translation]]:
-        """translate_nbest of the sentences as the model gets them: each engine's own search."""
+                     terms: list[list[Entry]] | None = None, **options: Any) -> list[list[Translation]]:
+        """translate_nbest of the sentences as the model gets them (with each one's glossary entries, or
+        None): each engine's own search."""
         raise NotImplementedError
 
     def prefix_ids(self, sentences: list[str], prefixes: list[str] | None,
@@ -193,10 +219,12 @@ class TextTranslator:
                   prefixes: str | list[str] | None = None, tgt_lang: str | None = None,
                   **options: Any) -> str | list[str]:
         """Best translation of one sentence (a string) or of each sentence of a list (with a prefix
-        each: a string, or a list), into `tgt_lang` (a model of several target languages)."""
+        each: a string, or a list), into `tgt_lang` (a model of several target languages). Text alone:
+        no confidence is computed (translate_nbest's translations carry it)."""
         single = isinstance(sentences, str)
         batch = [sentences] if single else list(sentences)
         starts = [prefixes] if isinstance(prefixes, str) else prefixes
+        options = {"confidence": False, **options}
         best = [nbest[0].text for nbest in self.translate_nbest(batch, beam_size=beam_size, prefixes=starts,
                                                                 tgt_lang=tgt_lang, **options)]
         return best[0] if single else best
@@ -221,6 +249,7 @@ class Translator(TextTranslator):
         self.decoding = decoding or DecodingConfig()
         self.limit_inputs(model.config.max_positions, max_input_tokens)
         self.info = info or {}
+        self.rater = Rater(None)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | torch.device = "auto",
@@ -249,17 +278,21 @@ class Translator(TextTranslator):
         engine.language_id(tgt_lang)  # a language the model lacks: one line now, not at the first sentence
         engine.tgt_lang = tgt_lang or engine.tgt_lang
         engine.known_words = word_list(state)
+        calibration = None if len(loaded) > 1 else read_calibration(file.parent, weights_fingerprint(model))
+        how = f"fit one with: transformer-mt evaluate checkpoint={file} split=valid calibrate=true"
+        engine.rater = Rater(calibration, f"{how} (docs/confidence.md)")
         return engine
 
     def search_nbest(self, sentences: list[str], return_attention: bool = False,
                      prefixes: list[str] | None = None, should_stop: StopCheck | None = None,
                      tgt_lang: str | None = None, aligned: int | None = None,
-                     **options: Any) -> list[list[Translation]]:
+                     terms: list[list[Entry]] | None = None, **options: Any) -> list[list[Translation]]:
         """n-best translations per sentence (best first); empty input gives one translation: its prefix
         (so every output starts with its prefix), else the empty string."""
         decoding = self.decoding_options(**options)
         ids = self.encode(sentences, tgt_lang)
         forced = self.prefix_ids(sentences, prefixes, decoding)
+        hard, refused = self.term_ids(terms, forced) if terms is not None else (None, None)
         real = [i for i, s in enumerate(sentences) if s.strip()]
         results: list[list[Translation]] = [[Translation("", 0.0)] for _ in sentences]
         empty = [i for i, s in enumerate(sentences) if not s.strip() and forced and forced[i]]
@@ -268,7 +301,16 @@ class Translator(TextTranslator):
         if not real:
             return results
         hyps = decode_ids(self.model, [ids[i] for i in real], decoding, self.device, amp=self.precision.dtype,
-                          prefixes=[forced[i] for i in real] if forced else None, should_stop=should_stop)
+                          prefixes=[forced[i] for i in real] if forced else None, should_stop=should_stop,
+                          terms=[hard[i] for i in real] if hard else None,
+                          edges=self.edges() if hard else None)
+        lost = [k for k, h in enumerate(hyps) if not h]  # no way to write its terms as words in its limit
+        if lost:
+            again = decode_ids(self.model, [ids[real[k]] for k in lost], decoding, self.device,
+                               amp=self.precision.dtype, should_stop=should_stop,
+                               prefixes=[forced[real[k]] for k in lost] if forced else None)
+            for k, h in zip(lost, again):
+                hyps[k] = h
         # Attention of the best hypotheses alone, from a forced pass over them: the search would keep
         # every layer and head for every hypothesis it holds, beams and n-best lists over.
         best = [nbest[0].tokens for nbest in hyps]
@@ -283,10 +325,20 @@ class Translator(TextTranslator):
                             best_map if k == 0 else None)
                 for k, (text, h) in enumerate(zip(texts, nbest))
             ]
+        if decoding.confidence:  # the best of each list, from one forced pass over them
+            rated = self.rater.rate_forced(self.model, [ids[i] for i in real], best,
+                                           [results[i][0].text for i in real], self.vocab.tgt, self.device,
+                                           decoding.batch_tokens_on(self.device), self.precision.dtype,
+                                           should_stop)
+            for i, (confidence, words) in zip(real, rated, strict=True):
+                results[i][0].confidence, results[i][0].word_confidences = confidence, words
         if decoding.alignment:
             outputs = {i: [h.tokens for h in nbest][:aligned] for i, nbest in zip(real, hyps)}
             lead = int(self.language_id(tgt_lang) is not None)
             self._align(sentences, ids, results, outputs, decoding, lead, should_stop)
+        for i, nbest in enumerate(results if terms is not None else []):
+            for t in nbest:
+                t.terms = terms_used(terms[i], refused[i], t.text)  # type: ignore[index]
         return results
 
     def _align(self, sentences: list[str], ids: list[list[int]], results: list[list[Translation]],

@@ -1,6 +1,7 @@
 """A text's translation put back together from its parts': each part's translation where the part was,
-the text's own separators (spaces, line breaks, blank lines) between them, and every word alignment
-carried from the words the model saw and wrote to the words of the text and of its translation."""
+the text's own separators (spaces, line breaks, blank lines) between them, and every word alignment and
+word confidence carried from the words the model saw and wrote to the words of the text and of its
+translation."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from transformer_mt.decoding.confidence import WordConfidences
 from transformer_mt.decoding.translator import Translation
 from transformer_mt.documents.rewrite import Rewrite
 
@@ -42,7 +44,8 @@ def _owners(spans: Sequence[tuple[int, int]], of: Sequence[tuple[int, int]]) -> 
 
 def joined(text: str, parts: Sequence[PartTranslation]) -> list[Translation]:
     """The text's n-best list: rank k joins each part's k-th hypothesis (its last, where it has fewer),
-    between the text's separators; scores add up; alignments join when every part has one."""
+    between the text's separators; scores add up; alignments join when every part has one, and so do
+    the best's confidences; the parts' glossary terms are the text's."""
     if not text.strip():  # what the engine made of an empty text (its prefix, or nothing)
         return [dataclasses.replace(h, text=r.new) for h, r in zip(parts[0].nbest, parts[0].restored)]
     depth = max(len(p.nbest) for p in parts)
@@ -66,7 +69,36 @@ def _rank(text: str, parts: Sequence[PartTranslation], k: int) -> Translation:
     alignment = None
     if all(h.alignment is not None for h in hyps):
         alignment = _alignment(text, translation, parts, placed, k)
-    return Translation(translation, score, alignment=alignment)
+    terms = [u for h in hyps for u in h.terms or ()] if any(h.terms is not None for h in hyps) else None
+    confidence, words_rated = None, None
+    if k == 0 and all(h.confidence is not None and h.word_confidences is not None for h in hyps):
+        confidence, words_rated = _confidences(translation, parts, placed)
+    return Translation(translation, score, alignment=alignment, terms=terms, confidence=confidence,
+                       word_confidences=words_rated)
+
+
+def _confidences(translation: str, parts: Sequence[PartTranslation],
+                 placed: Sequence[int]) -> tuple[float, WordConfidences]:
+    """The best translation's confidence: its parts', weighted by the length of their translations (the
+    chrF a calibrated one predicts counts characters); and each of its words', from the words of the parts
+    it came from (the least confident, where several; a word of none takes the one before it)."""
+    tgt_words = words(translation)
+    found: list[float | None] = [None] * len(tgt_words)
+    total = weight = 0.0
+    for part, at in zip(parts, placed):
+        best, restored = part.nbest[0], part.restored[0]
+        size = max(1, len(restored.new))
+        total, weight = total + size * (best.confidence or 0.0), weight + size
+        written = [restored.forward(a, b) for a, b in words(restored.old)]
+        owned = _owners([(at + a, at + b) for a, b in written], tgt_words)
+        for (_, value), owners in zip(best.word_confidences or [], owned):
+            for w in owners:
+                found[w] = value if found[w] is None else min(value, found[w])  # type: ignore[type-var]
+    rated, last = [], 1.0
+    for (a, b), value in zip(tgt_words, found):
+        last = value if value is not None else last
+        rated.append((translation[a:b], last))
+    return total / weight, rated
 
 
 def _alignment(text: str, translation: str, parts: Sequence[PartTranslation], placed: Sequence[int],

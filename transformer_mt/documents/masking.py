@@ -35,24 +35,28 @@ def _word(stand_in: str) -> re.Pattern[str]:
 class Masked:
     """A sentence with its spans replaced: `rewrite.old` the sentence (folded to sentence case when it was
     typed in one case), `rewrite.new` what the model gets; the `spans`, their text as typed (`originals`)
-    and the `stand_ins` that replaced them, in order."""
+    and the `stand_ins` that replaced them, in order; `avoid`: words no stand-in may be (a glossary's target
+    terms, which the translation will hold)."""
 
     rewrite: Rewrite
     spans: tuple[Span, ...]
     originals: tuple[str, ...]
     stand_ins: tuple[str, ...]
+    avoid: tuple[str, ...] = ()
 
     @property
     def text(self) -> str:
         return self.rewrite.new
 
 
-def mask(sentence: str, spans: Sequence[Span], attempt: int = 0, typed: str | None = None) -> Masked:
+def mask(sentence: str, spans: Sequence[Span], attempt: int = 0, typed: str | None = None,
+         avoid: Sequence[str] = ()) -> Masked:
     """The sentence with each span replaced by a stand-in (the `attempt`-th free one, so that a retry uses
-    others); no stand-in is one the sentence holds elsewhere, and no two spans share one.
-    `typed`: the sentence as typed, where `sentence` is it folded (its spans are restored as typed)."""
+    others); no stand-in is one the sentence holds elsewhere or one of the words of `avoid`, and no two
+    spans share one. `typed`: the sentence as typed, where `sentence` is it folded (its spans are restored
+    as typed)."""
     edits, used = [], set()
-    present = {w.lower() for w in WORDS.findall(blanked(sentence, spans))}
+    present = {w.lower() for w in WORDS.findall(" ".join([blanked(sentence, spans), *avoid]))}
     for span in spans:
         free = [s for s in STAND_INS if s.lower() not in present and s not in used]
         choice = free[attempt % len(free)] if free else f"{STAND_INS[0]}{len(used)}"
@@ -60,7 +64,7 @@ def mask(sentence: str, spans: Sequence[Span], attempt: int = 0, typed: str | No
         edits.append(Edit(span.start, span.end, choice))
     rewrite = Rewrite.of(sentence, edits)
     originals = tuple(s.of(typed if typed is not None else sentence) for s in spans)
-    return Masked(rewrite, tuple(spans), originals, tuple(e.new for e in edits))
+    return Masked(rewrite, tuple(spans), originals, tuple(e.new for e in edits), tuple(avoid))
 
 
 def blanked(sentence: str, spans: Sequence[Span]) -> str:

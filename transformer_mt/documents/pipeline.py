@@ -18,6 +18,7 @@ from typing import Any
 
 from transformer_mt.config import DecodingConfig, DocumentConfig
 from transformer_mt.data.text_variants import CASES, one_case, sentence_case
+from transformer_mt.decoding.glossary import Entry, Glossary
 from transformer_mt.decoding.translator import TextTranslator, Translation
 from transformer_mt.documents.assembly import PartTranslation, joined
 from transformer_mt.documents.formats import read_document
@@ -25,7 +26,7 @@ from transformer_mt.documents.masking import Masked, blanked, mask, missing, unm
 from transformer_mt.documents.rendering import rendered
 from transformer_mt.documents.rewrite import Rewrite
 from transformer_mt.documents.sentences import SentenceSplitter, cut_long
-from transformer_mt.documents.spans import Span, copies_names, find_spans, read_terms
+from transformer_mt.documents.spans import GLOSSARY, Span, copies_names, find_spans, read_terms
 
 log = logging.getLogger(__name__)
 Ranges = Sequence[tuple[int, int]]  # (start, end) character ranges of a text
@@ -42,6 +43,9 @@ class Tally:
     spans: int = 0  # protected spans
     retried: int = 0  # spans whose stand-in the model dropped once, restored on a second try
     placed: int = 0  # spans whose stand-in the model dropped twice: placed at the end of the sentence
+    terms: int = 0  # glossary source terms found (each searched with its target term)
+    terms_met: int = 0  # of them, in the best translation
+    terms_refused: int = 0  # the search could not take them (reported with the translation)
 
     def add(self, other: Tally) -> None:
         for f in dataclasses.fields(self):
@@ -51,13 +55,15 @@ class Tally:
 @dataclass(frozen=True)
 class SentencePart:
     """What the engine translates: a sentence, or a part of a long one, of text `text`, at [start, end)
-    of it, masked; `case` the case to write its translation in when it was folded."""
+    of it, masked; `case` the case to write its translation in when it was folded; `terms` its glossary
+    entries."""
 
     text: int
     start: int
     end: int
     masked: Masked
     case: str | None = None
+    terms: tuple[Entry, ...] = ()  # the glossary entries whose source term it holds
 
 
 @dataclass
@@ -102,12 +108,19 @@ class DocumentTranslator:
         if t.retried or t.placed:
             line += (f": {t.retried} came through on a second try, {t.placed} the model dropped and were "
                      "placed at the end of their sentence")
+        if t.terms:
+            line += (f"; {t.terms} glossary terms, {t.terms_met} of them in their translation, "
+                     f"{t.terms_refused} refused")
         return line
 
     # -- texts to parts -------------------------------------------------------------------------------
-    def spans(self, text: str, given: Sequence[tuple[int, int]] = ()) -> list[Span]:
-        """The spans of `text` this translator protects (none with document.protect=false)."""
-        return find_spans(text, self.terms, given, self.known) if self.cfg.protect else []
+    def spans(self, text: str, given: Sequence[tuple[int, int]] = (),
+              glossary: Sequence[tuple[int, int]] = ()) -> list[Span]:
+        """The spans of `text` this translator protects (none with document.protect=false), and the
+        glossary ranges they leave (kind GLOSSARY, never masked)."""
+        if not self.cfg.protect:
+            return [Span(a, b, GLOSSARY) for a, b in glossary]
+        return find_spans(text, self.terms, given, self.known, glossary)
 
     def sentences(self, text: str, unbreakable: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
         """The sentences of `text` (the whole text, stripped, with document.split=false)."""
@@ -117,41 +130,51 @@ class DocumentTranslator:
         return [(text.index(stripped), text.index(stripped) + len(stripped))] if stripped else []
 
     def prepare(self, texts: Sequence[str], given: Sequence[Ranges] | None = None,
-                unbreakable: Sequence[Ranges] | None = None, fold: bool = True) -> Prepared:
+                unbreakable: Sequence[Ranges] | None = None, fold: bool = True,
+                glossary: Glossary | None = None) -> Prepared:
         """Every text's parts: its sentences, cut where too long, their spans masked (`given`: each text's
         ranges that must pass as they are; `unbreakable`: ranges no sentence boundary may cut, such as
-        inline markup's)."""
+        inline markup's), each with the glossary entries whose source term it holds (no sentence boundary
+        or cut inside one)."""
         out = Prepared()
         fits = self._fits()
         for i, text in enumerate(texts):
-            spans = self.spans(text, given[i] if given else ())
+            matches = {(m.start, m.end): m.entry for m in glossary.find(text)} if glossary else {}
+            found = self.spans(text, given[i] if given else (), list(matches))
+            terms = {(s.start, s.end): matches[s.start, s.end] for s in found if s.kind == GLOSSARY}
+            spans = [s for s in found if s.kind != GLOSSARY]
             out.tally.texts += 1
             out.tally.spans += len(spans)
-            whole = [(s.start, s.end) for s in spans] + list(unbreakable[i] if unbreakable else ())
+            out.tally.terms += len(terms)
+            whole = [(s.start, s.end) for s in found] + list(unbreakable[i] if unbreakable else ())
             if not text.strip():  # to the engine as it is: it answers an empty text with its prefix, or ""
                 out.parts.append(SentencePart(i, 0, len(text), mask(text, [])))
                 continue
             for start, end in self.sentences(text, whole):
                 out.tally.sentences += 1
-                pieces = cut_long(text[start:end], fits)
+                keep = [(a - start, b - start) for a, b in whole if start <= a and b <= end]
+                pieces = cut_long(text[start:end], fits, keep)
                 out.tally.cut += len(pieces) > 1
                 for a, b in pieces:
                     inside = [dataclasses.replace(s, start=s.start - start - a, end=s.end - start - a)
                               for s in spans if start + a <= s.start and s.end <= start + b]
-                    out.parts.append(self._part(i, text, start + a, start + b, inside, fold))
+                    held = tuple(e for (s, t), e in terms.items() if start + a <= s and t <= start + b)
+                    out.parts.append(self._part(i, text, start + a, start + b, inside, fold, held))
         return out
 
-    def _part(self, index: int, text: str, start: int, end: int, spans: list[Span],
-              fold: bool) -> SentencePart:
-        """One part, masked. A part with spans in ALL CAPS or lowercase is folded to sentence case here, as
-        the engine would fold it, but with its stand-ins in the case the model knows them in (the engine
-        then sees mixed case and leaves it be); the engine folds any other part itself."""
+    def _part(self, index: int, text: str, start: int, end: int, spans: list[Span], fold: bool,
+              terms: tuple[Entry, ...] = ()) -> SentencePart:
+        """One part, masked (no stand-in a word of its glossary entries' target terms). A part with spans
+        in ALL CAPS or lowercase is folded to sentence case here, as the engine would fold it, but with its
+        stand-ins in the case the model knows them in (the engine then sees mixed case and leaves it be);
+        the engine folds any other part itself."""
         sentence = text[start:end]
         case = one_case(blanked(sentence, spans)) if fold and spans else None
         folded = sentence_case(sentence) if case else sentence
         if len(folded) != len(sentence):  # a character whose case has another length: leave it as is
             case, folded = None, sentence
-        return SentencePart(index, start, end, mask(folded, spans, typed=sentence), case)
+        masked = mask(folded, spans, typed=sentence, avoid=[e.target for e in terms])
+        return SentencePart(index, start, end, masked, case, terms)
 
     def _fits(self) -> Callable[[str], bool]:
         limit = self.max_tokens
@@ -162,28 +185,32 @@ class DocumentTranslator:
 
     # -- parts through the engine ---------------------------------------------------------------------
     def translate_nbest(self, texts: list[str], prefixes: list[str] | None = None,
-                        return_attention: bool = False, **options: Any) -> list[list[Translation]]:
-        """Each text's n-best list, as the engine's `translate_nbest` gives one per sentence. Attention maps
-        are of one sentence: asked for, the texts go to the engine whole."""
+                        return_attention: bool = False, glossary: Glossary | None = None,
+                        **options: Any) -> list[list[Translation]]:
+        """Each text's n-best list, as the engine's `translate_nbest` gives one per sentence (with
+        `glossary`, else the engine's). Attention maps are of one sentence: asked for, the texts go to the
+        engine whole."""
         if return_attention:
-            return self.engine.translate_nbest(texts, return_attention=True, prefixes=prefixes, **options)
-        return self.translate_runs(texts, prefixes=prefixes, **options)
+            return self.engine.translate_nbest(texts, return_attention=True, prefixes=prefixes,
+                                               glossary=glossary, **options)
+        return self.translate_runs(texts, prefixes=prefixes, glossary=glossary, **options)
 
     def translate_runs(self, texts: Sequence[str], given: Sequence[Ranges] | None = None,
                        unbreakable: Sequence[Ranges] | None = None, prefixes: list[str] | None = None,
-                       **options: Any) -> list[list[Translation]]:
+                       glossary: Glossary | None = None, **options: Any) -> list[list[Translation]]:
         """translate_nbest of texts with ranges of their own to keep (`given`) and not to split
         (`unbreakable`): the runs of a document."""
         settings = {k: v for k, v in options.items() if k in _DECODING}  # not should_stop, tgt_lang
         fold = self.engine.decoding_options(**settings).input_case == "fold"
-        prepared = self.prepare(texts, given, unbreakable, fold=fold)
-        results = self.translate_parts(prepared.parts, prefixes, **options)
+        glossary = glossary or self.engine.glossary
+        prepared = self.prepare(texts, given, unbreakable, fold=fold, glossary=glossary)
+        results = self.translate_parts(prepared.parts, prefixes, with_terms=glossary is not None, **options)
         self.tally.add(prepared.tally)
         self.tally.add(results.tally)
         return results.joined(texts)
 
     def translate_documents(self, sources: Sequence[str], fmt: str, names: Sequence[str],
-                            **options: Any) -> list[str]:
+                            glossary: Glossary | None = None, **options: Any) -> list[str]:
         """Each document (Markdown, HTML, subtitles, plain text) translated, its structure as it was: the
         runs of all of them in one batch, those with inline markup with word alignments (their marks are
         projected through them)."""
@@ -196,7 +223,8 @@ class DocumentTranslator:
             if group:
                 nbest = self.translate_runs([texts[k] for k in group], [runs[k].keep for k in group],
                                             [[(m.start, m.end) for m in runs[k].marks] for k in group],
-                                            alignment=align or None, aligned=1, **options)
+                                            alignment=align or None, aligned=1, glossary=glossary,
+                                            **options)
                 done.update({k: n[0] for k, n in zip(group, nbest)})
         out, k = [], 0
         for doc in docs:
@@ -206,20 +234,24 @@ class DocumentTranslator:
         return out
 
     def translate_parts(self, parts: list[SentencePart], prefixes: list[str] | None = None,
-                        **options: Any) -> PartResults:
+                        with_terms: bool = False, **options: Any) -> PartResults:
         """Every part's n-best list, spans restored (a part whose stand-in was dropped tried once more with
-        other stand-ins). A text's prefix starts its first part's translation."""
+        other stand-ins). A text's prefix starts its first part's translation. `with_terms`: a glossary is
+        on, each part searched with its own entries (and each translation says how they fared)."""
         starts = None
         if prefixes is not None:
             first = {p.text: k for k, p in reversed(list(enumerate(parts)))}
             starts = [prefixes[p.text] if first[p.text] == k else "" for k, p in enumerate(parts)]
-        found = self.engine.translate_nbest([p.masked.text for p in parts], prefixes=starts, **options)
+        terms = [list(p.terms) for p in parts] if with_terms else None
+        found = self.engine.translate_nbest([p.masked.text for p in parts], prefixes=starts, terms=terms,
+                                            **options)
         retry = [k for k, p in enumerate(parts) if missing(p.masked, _cased(p, found[k][0].text))]
         tally = Tally()
         if retry:
             again = [dataclasses.replace(parts[k], masked=_remasked(parts[k].masked)) for k in retry]
             second = self.engine.translate_nbest([p.masked.text for p in again],
                                                  prefixes=[starts[k] for k in retry] if starts else None,
+                                                 terms=[terms[k] for k in retry] if terms else None,
                                                  **options)
             for k, part, nbest in zip(retry, again, second):
                 before = len(missing(parts[k].masked, _cased(parts[k], found[k][0].text)))
@@ -229,6 +261,8 @@ class DocumentTranslator:
                     tally.retried += before - after
         results = PartResults(parts, [], [], tally)
         for part, nbest in zip(parts, found):
+            tally.terms_met += sum(u.status == "met" for u in nbest[0].terms or ())
+            tally.terms_refused += sum(u.status == "refused" for u in nbest[0].terms or ())
             rewrites = []
             for h in nbest:
                 rewrite, placed = unmask(part.masked, _cased(part, h.text))
@@ -282,5 +316,5 @@ def _cased(part: SentencePart, text: str) -> str:
 
 def _remasked(masked: Masked) -> Masked:
     """The same sentence masked with the next stand-ins of each span's pool."""
-    again = mask(masked.rewrite.old, masked.spans, attempt=1)
+    again = mask(masked.rewrite.old, masked.spans, attempt=1, avoid=masked.avoid)
     return dataclasses.replace(again, originals=masked.originals)

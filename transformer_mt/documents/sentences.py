@@ -146,36 +146,43 @@ def _attached(text: str, at: int) -> bool:
     return unicodedata.category(text[at]) in ATTACHED or text[at] in JOINERS or text[at - 1] in JOINERS
 
 
-def _character_cut(text: str, start: int, end: int) -> int | None:
+def _character_cut(text: str, start: int, end: int, keep: Sequence[Range] = ()) -> int | None:
     """The cut between characters nearest the middle of [start, end) that leaves what belongs together
-    together; None for one character and what belongs to it."""
+    together (and no `keep` range cut); None for one character and what belongs to it."""
     middle = (start + end) // 2
     nearest = sorted(range(start + 1, end), key=lambda c: abs(c - middle))
-    return next((cut for cut in nearest if not _attached(text, cut)), None)
+    return next((cut for cut in nearest if not _attached(text, cut) and not _inside(cut, keep)), None)
 
 
-def _middle_cut(text: str, start: int, end: int) -> int | None:
+def _inside(cut: int, keep: Sequence[Range]) -> bool:
+    return any(a < cut < b for a, b in keep)
+
+
+def _middle_cut(text: str, start: int, end: int, keep: Sequence[Range] = ()) -> int | None:
     """Where to cut [start, end) in two: the clause boundary nearest the middle, else the space between
-    words nearest it, else the cut between characters nearest it."""
+    words nearest it, else the cut between characters nearest it; never inside a `keep` range."""
     middle = (start + end) / 2
     for pattern in (CLAUSE, SPACES):
-        cuts = [m.end() for m in pattern.finditer(text, start, end) if start < m.end() < end]
+        cuts = [c for m in pattern.finditer(text, start, end) if start < (c := m.end()) < end
+                and not _inside(c, keep)]
         if cuts:
             return min(cuts, key=lambda c: abs(c - middle))
-    return _character_cut(text, start, end)
+    return _character_cut(text, start, end, keep)
 
 
-def cut_long(sentence: str, fits: Callable[[str], bool]) -> list[Range]:
+def cut_long(sentence: str, fits: Callable[[str], bool], keep: Sequence[Range] = ()) -> list[Range]:
     """Ranges of `sentence`, in order, each without the whitespace around it and each accepted by `fits`
     (the whole stripped sentence when it is): a part that does not fit is halved at the clause boundary
     nearest its middle, else between words, else between characters, so `fits` sees each part and its
-    halvings only (under twice as many calls as parts). A character that does not fit alone is a part."""
+    halvings only (under twice as many calls as parts). A character that does not fit alone is a part.
+    No cut falls inside a `keep` range (a span, a glossary term): a part that could only be cut there
+    stays whole."""
     whole = _stripped(sentence, 0, len(sentence))
     parts: list[Range] = []
     todo = [whole] if whole else []
     while todo:  # a stack of ranges still to check, the leftmost on top
         start, end = todo.pop()
-        cut = None if fits(sentence[start:end]) else _middle_cut(sentence, start, end)
+        cut = None if fits(sentence[start:end]) else _middle_cut(sentence, start, end, keep)
         if cut is None:
             parts.append((start, end))
             continue

@@ -20,6 +20,7 @@ from pathlib import Path
 from transformer_mt.errors import DataError
 
 _TLDS = "com|org|net|edu|gov|io|fr|de|uk|es|it|nl|eu|info|ch|be|ca|jp|ru|br|au|co|us|app|dev"
+GLOSSARY = "glossary"  # the kind of a glossary term's range: claimed, never masked
 TRAILING = ".,;:!?)]}»\"'’”"  # what ends a sentence rather than an address
 _URL = (rf"(?:https?://|ftp://|www\.)[^\s<>\"]+|\b[a-z0-9][a-z0-9-]*(?:\.[a-z0-9-]+)*\.(?:{_TLDS})"
         r"(?:/[^\s<>\"]*)?(?![\w@])")
@@ -82,10 +83,12 @@ def _trim(text: str, start: int, end: int) -> int:
 
 
 def find_spans(text: str, terms: Sequence[str] = (), given: Iterable[tuple[int, int]] = (),
-               known: frozenset[str] | None = None) -> list[Span]:
+               known: frozenset[str] | None = None, glossary: Iterable[tuple[int, int]] = ()) -> list[Span]:
     """The protected spans of `text`, in order and never overlapping: the `given` ranges (a format's
-    inline pieces) first, then the user's terms (whole words, longest first), then each kind's pattern,
-    then, with `known` (the training pairs' words, case folded), the capitalised words not among them."""
+    inline pieces) first, then the glossary's source terms (kind GLOSSARY: the model translates them, so
+    nothing inside one is masked), then the user's terms (whole words, longest first), then each kind's
+    pattern, then, with `known` (the training pairs' words, case folded), the capitalised words not among
+    them."""
     taken = [False] * len(text)
     found: list[Span] = []
 
@@ -96,6 +99,8 @@ def find_spans(text: str, terms: Sequence[str] = (), given: Iterable[tuple[int, 
 
     for start, end in given:
         claim(start, end, "markup")
+    for start, end in glossary:
+        claim(start, end, GLOSSARY)
     for term in sorted({t for t in terms if t.strip()}, key=len, reverse=True):
         for m in re.finditer(rf"(?<!\w){re.escape(term)}(?!\w)", text):
             claim(m.start(), m.end(), "term")

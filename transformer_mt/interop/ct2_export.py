@@ -23,6 +23,7 @@ import torch
 from transformer_mt.checkpoints.store import model_from_checkpoint
 from transformer_mt.config import ExportConfig, validate
 from transformer_mt.data.tokenizer import BOS, BOS_ID, EOS, EOS_ID, UNK, UNK_ID, Vocabulary
+from transformer_mt.decoding.confidence import carry_calibration
 from transformer_mt.decoding.ct2 import ctranslate2_module
 from transformer_mt.errors import ExportError
 from transformer_mt.model import Transformer
@@ -148,6 +149,7 @@ def export_ctranslate2(checkpoint: str | Path, output_dir: Path, quantization: s
     with written_into(output_dir, overwrite) as tmp:
         spec.save(str(tmp))
         vocab.save(tmp)
+        carry_calibration(Path(file).parent, model, tmp)  # confidence.py: where fitted for these weights
         meta = {
             "format": "ct2", "format_version": META_VERSION,
             "model_config": dataclasses.asdict(model.config),

@@ -26,6 +26,7 @@ from tokenizers import processors
 from transformer_mt.checkpoints.store import model_from_checkpoint
 from transformer_mt.config import ConfigError, DecodingConfig, ModelConfig
 from transformer_mt.data.tokenizer import BOS, BOS_ID, EOS, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK, Vocabulary
+from transformer_mt.decoding.confidence import carry_calibration
 from transformer_mt.errors import ExportError
 from transformer_mt.interop.card import write_card
 from transformer_mt.interop.hf_weights import SIDES, to_hf
@@ -153,6 +154,7 @@ def export_hf(checkpoint: str | Path, output_dir: Path, overwrite: bool = False)
         generation = generation_kwargs(decoding, model.config.max_positions)
         transformers.GenerationConfig(**generation).save_pretrained(str(tmp))
         tokenizer_files(vocab, model.config.max_positions, tmp)
+        carry_calibration(Path(file).parent, model, tmp)  # confidence.py: where fitted for these weights
         run = state.get("config", {})
         meta = {"format": "hf", "architecture": architecture(model.config), "checkpoint": str(file),
                 "step": state.get("step"), "transformers_version": transformers.__version__,

@@ -5,6 +5,7 @@ Runtime Web copied from their npm packages, and an `index.html`.
     <output_dir>/index.html
     <output_dir>/lib/transformers.min.js, ort-wasm-simd-threaded.asyncify.{mjs,wasm}
     <output_dir>/lib/documents.mjs  (web_documents.mjs: sentences and spans, as documents/ does them)
+    <output_dir>/lib/glossary.mjs, search.mjs  (web_glossary.mjs, web_search.mjs: glossaries)
     <output_dir>/models/model/...   (format=onnx's directory but its PyTorch weights)
 
     $ python -m http.server -d <output_dir>     # then open http://localhost:8000
@@ -17,11 +18,14 @@ of a pre-norm model's config names it `marian` (a line at export says so). Its t
 
 The page splits what is typed into sentences and keeps its spans as the documents layer does: the rules
 come from documents/ through the page's settings (web_rules.py), the code that applies them is
-web_documents.mjs.
+web_documents.mjs. With a glossary (`glossary=terms.tsv`, and the lines pasted into the page), a sentence
+holding a source term is decoded by web_search.mjs, a port of our greedy search with target terms
+(`bank_greedy_search`) that feeds the model's graphs itself; the others by `generate` as without.
 """
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import logging
@@ -33,13 +37,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from transformer_mt.checkpoints.check import check_model
 from transformer_mt.checkpoints.paths import resolve_checkpoint
 from transformer_mt.checkpoints.store import load_checkpoint, word_list
 from transformer_mt.config import ConfigError
+from transformer_mt.data.tokenizer import SPECIAL_TOKENS, Vocabulary
+from transformer_mt.decoding.confidence import read_calibration
+from transformer_mt.decoding.glossary import Glossary
+from transformer_mt.decoding.glossary_user import GlossaryUser
 from transformer_mt.documents.spans import copies_names
 from transformer_mt.errors import ExportError
 from transformer_mt.interop.onnx import export_onnx
-from transformer_mt.interop.web_rules import page_rules
+from transformer_mt.interop.web_rules import glossary_rules, page_rules
 from transformer_mt.runtime.files import META_FILE, refuse_existing, written_into
 
 log = logging.getLogger(__name__)
@@ -47,6 +56,8 @@ TRANSFORMERS_JS = "4.3.1"  # @huggingface/transformers, the version the page is 
 ORT_FILES = ("ort-wasm-simd-threaded.asyncify.mjs", "ort-wasm-simd-threaded.asyncify.wasm")
 PAGE = Path(__file__).with_name("web_page.html")  # the page, with {title} and {settings} to fill
 DOCUMENTS_JS = Path(__file__).with_name("web_documents.mjs")  # the page's sentences and spans
+GLOSSARY_JS = Path(__file__).with_name("web_glossary.mjs")  # the page's glossary: lines, matches, variants
+SEARCH_JS = Path(__file__).with_name("web_search.mjs")  # the page's greedy search with target terms
 WEB_TOKENIZERS = ("bpe", "char")
 
 
@@ -112,17 +123,63 @@ def page_words(state: dict[str, Any], src_lang: str | None) -> list[str] | None:
     return sorted(words)
 
 
+class PageTerms(GlossaryUser):
+    """An engine's glossary half for the page: the checks an engine makes of a glossary, its target terms'
+    token ids and the vocabulary's word edges, with the model's positions."""
+
+    def __init__(self, vocab: Vocabulary, max_positions: int) -> None:
+        self.vocab = vocab
+        self.max_prefix_tokens = max_positions - 1
+
+
+def _bits(flags: list[bool]) -> str:
+    """A bit a token, little-endian in each byte, in base64: how the page reads `WordEdges`."""
+    packed = bytearray((len(flags) + 7) // 8)
+    for v, flag in enumerate(flags):
+        packed[v >> 3] |= flag << (v & 7)
+    return base64.b64encode(bytes(packed)).decode("ascii")
+
+
+def page_glossary(path: str | Path | None, vocab: Vocabulary, max_positions: int) -> dict[str, object]:
+    """The page's glossary: the file's entries with the token ids of their target terms' variants (ours,
+    which the page's tokenizer gives too for the kinds it takes), the vocabulary's word edges, and the
+    rules to match more in the page. DataError in one line, as an engine's, for an entry the model cannot
+    write."""
+    terms = PageTerms(vocab, max_positions)
+    terms.use_glossary(Glossary.read(path) if path else None)
+    glossary = terms.glossary.entries if terms.glossary else []
+    entries = [{"source": e.source, "target": e.target, "line": e.line,
+                "variants": terms.term_variants(e.target)} for e in glossary]
+    edges = terms.edges()
+    return {**glossary_rules(), "ordinary": len(SPECIAL_TOKENS), "entries": entries,
+            "edges": {"glues": _bits(edges.glues.tolist()), "ends": _bits(edges.ends.tolist())}}
+
+
+def _calibration(model_dir: Path) -> dict[str, float] | None:
+    """The curves the page turns its scores into confidences with (confidence.py): the run's calibration,
+    which the export carried where it was fitted for these weights; None: the page shows probabilities."""
+    calibration = read_calibration(model_dir)
+    if calibration is None:
+        return None
+    return {"sentence_slope": calibration.sentence.slope, "sentence_bias": calibration.sentence.bias,
+            "word_slope": calibration.word.slope, "word_bias": calibration.word.bias}
+
+
 def export_web(checkpoint: str | Path, output_dir: Path, overwrite: bool = False,
-               cache: Path | None = None) -> Path:
-    """Write the static folder of a checkpoint; return its path (it appears whole or not at all)."""
+               cache: Path | None = None, glossary: str | Path | None = None) -> Path:
+    """Write the static folder of a checkpoint, with a glossary's terms (a TSV file) when given; return its
+    path (it appears whole or not at all)."""
     output_dir = Path(output_dir)
     refuse_existing(output_dir, overwrite)
-    state = load_checkpoint(resolve_checkpoint(checkpoint))
+    file = resolve_checkpoint(checkpoint)
+    state = load_checkpoint(file)
     kind = state.get("config", {}).get("tokenizer", {}).get("kind")
     if kind is not None and kind not in WEB_TOKENIZERS:
         raise ExportError(f"tokenizer.kind={kind}: Transformers.js's tokenizer splits text otherwise than "
                           f"ours for it, so the page would translate other tokens; train with "
                           f"tokenizer.kind=bpe")
+    model_config, vocab = check_model(file, state, ())
+    terms = page_glossary(glossary, vocab, model_config.max_positions)  # before the minutes of exporting
     files = runtime_files(cache or Path.home() / ".cache" / "transformer-mt" / "npm")
     parent = output_dir.expanduser().resolve().parent
     parent.mkdir(parents=True, exist_ok=True)
@@ -139,7 +196,9 @@ def export_web(checkpoint: str | Path, output_dir: Path, overwrite: bool = False
             (tmp / "lib").mkdir()
             for name, source in files.items():
                 shutil.copy2(source, tmp / "lib" / name)
-            shutil.copy2(DOCUMENTS_JS, tmp / "lib" / "documents.mjs")
+            for source, name in ((DOCUMENTS_JS, "documents"), (GLOSSARY_JS, "glossary"),
+                                 (SEARCH_JS, "search")):
+                shutil.copy2(source, tmp / "lib" / f"{name}.mjs")
             (tmp / "models").mkdir()
             shutil.move(model_dir, tmp / "models" / "model")
             (tmp / "models" / "model" / "model.safetensors").unlink()  # the page reads the ONNX graphs only
@@ -147,7 +206,8 @@ def export_web(checkpoint: str | Path, output_dir: Path, overwrite: bool = False
             settings = {**meta.get("decoding", {}), "max_positions": config["max_position_embeddings"],
                         "languages": languages, "documents": page_rules(),
                         "max_sentence_tokens": sentence_tokens(state, config["max_position_embeddings"]),
-                        "words": page_words(state, languages.get("src_lang"))}
+                        "words": page_words(state, languages.get("src_lang")), "glossary": terms,
+                        "calibration": _calibration(tmp / "models" / "model")}
             title = f"{languages.get('src_lang') or '?'} → {languages.get('tgt_lang') or '?'}"
             (tmp / "index.html").write_text(page(title, settings), encoding="utf-8")
             (tmp / META_FILE).write_text(json.dumps({**meta, "format": "web",

@@ -59,18 +59,20 @@ function casefold(text, R) {
   return Array.from(text, (c) => R.folds[c] ?? c.toLowerCase()).join('');
 }
 
-// `find_spans` (no user terms, no given ranges): each kind's matches in turn, the first to claim a
-// character keeping it; then, with the training words, the capitalised words that none of them is
-// (compared case folded, as Python compares them).
-export function findSpans(text, R) {
+// `find_spans` (no user terms, no given ranges): the glossary's source terms in `text` first (`terms`,
+// {start, end, entry} each: kind 'glossary', left unmasked for the model to read), then each kind's
+// matches in turn, the first to claim a character keeping it; then, with the training words, the
+// capitalised words that none of them is (compared case folded, as Python compares them).
+export function findSpans(text, R, terms = []) {
   const taken = new Uint8Array(text.length);
   const found = [];
-  const claim = (start, end, kind) => {
+  const claim = (start, end, kind, more = {}) => {
     if (end > start && !taken.subarray(start, end).some((t) => t)) {
       taken.fill(1, start, end);
-      found.push({ start, end, kind });
+      found.push({ start, end, kind, ...more });
     }
   };
+  for (const { start, end, entry } of terms) claim(start, end, 'glossary', { entry });
   for (const { kind, pattern } of R.spans) {
     for (const m of text.matchAll(pattern)) {
       const start = m.index;
@@ -144,32 +146,35 @@ function attached(text, at, R) {
 }
 
 // `_middle_cut`: where to cut [start, end) in two: the clause boundary nearest the middle, else the space
-// between words nearest it, else the cut between characters nearest it; null for one character.
-function middleCut(text, start, end, R) {
+// between words nearest it, else the cut between characters nearest it, never inside a `keep` range (a
+// span, a glossary term); null for one character, or where every cut would fall inside one.
+function middleCut(text, start, end, R, keep) {
+  const free = (c) => !keep.some((k) => k.start < c && c < k.end);
   const middle = (start + end) / 2;
   const nearest = (cuts) => cuts.reduce((best, c) => (Math.abs(c - middle) < Math.abs(best - middle) ? c : best));
   for (const pattern of [R.clause, R.spaces]) {
     pattern.lastIndex = start;
     const cuts = [...text.slice(0, end).matchAll(pattern)].map((m) => m.index + m[0].length)
-      .filter((c) => c > start && c < end);
+      .filter((c) => c > start && c < end && free(c));
     if (cuts.length) return nearest(cuts);
   }
   const inside = [];
-  for (let c = start + 1; c < end; c++) if (!attached(text, c, R)) inside.push(c);
+  for (let c = start + 1; c < end; c++) if (!attached(text, c, R) && free(c)) inside.push(c);
   const floor = Math.floor((start + end) / 2);  // as Python's `_character_cut` sorts them: by distance
   return inside.length ? inside.reduce((best, c) => (Math.abs(c - floor) < Math.abs(best - floor) ? c : best))
     : null;
 }
 
 // `cut_long`: ranges of `sentence`, in order, each without the whitespace around it and each that `fits`
-// accepts: a part that does not fit is halved at `middleCut`, until it fits or is one character.
-export function cutLong(sentence, fits, R) {
+// accepts: a part that does not fit is halved at `middleCut`, until it fits or is one character; no cut
+// falls inside a range of `keep` (a part that could only be cut there stays whole).
+export function cutLong(sentence, fits, R, keep = []) {
   const whole = stripped(sentence, 0, sentence.length, R);
   const parts = [];
   const todo = whole ? [whole] : [];
   while (todo.length) {  // a stack of ranges still to check, the leftmost on top
     const [start, end] = todo.pop();
-    const cut = fits(sentence.slice(start, end)) ? null : middleCut(sentence, start, end, R);
+    const cut = fits(sentence.slice(start, end)) ? null : middleCut(sentence, start, end, R, keep);
     if (cut === null) {
       parts.push([start, end]);
       continue;
@@ -198,9 +203,11 @@ export function blanked(sentence, spans) {
 }
 
 // `mask`: each span replaced by a stand-in (the `attempt`-th free one), none that the sentence holds
-// elsewhere, no two alike; `typed`: the sentence as typed, where `sentence` is it folded.
-export function mask(sentence, spans, R, attempt = 0, typed = sentence) {
-  const present = new Set((blanked(sentence, spans).match(R.words) || []).map((w) => w.toLowerCase()));
+// elsewhere nor one of the words `reserved` (those of the glossary's target terms, which the translation
+// will hold), no two alike; `typed`: the sentence as typed, where `sentence` is it folded.
+export function mask(sentence, spans, R, attempt = 0, typed = sentence, reserved = []) {
+  const present = new Set([...(blanked(sentence, spans).match(R.words) || []), ...reserved]
+    .map((w) => w.toLowerCase()));
   const used = new Set();
   const standIns = spans.map(() => {
     const free = R.standIns.filter((s) => !present.has(s.toLowerCase()) && !used.has(s));
@@ -214,6 +221,7 @@ export function mask(sentence, spans, R, attempt = 0, typed = sentence) {
     spans,
     originals: spans.map((s) => typed.slice(s.start, s.end)),
     standIns,
+    reserved,
   };
 }
 
@@ -276,24 +284,31 @@ const cased = (p, translation) => (p.kase ? CASES[p.kase](translation) : transla
 // -- texts through the model (documents/pipeline.py, joining.py) -----------------------------------------
 
 // `DocumentTranslator._part`: one sentence, masked; folded to sentence case when it is in ALL CAPS or
-// lowercase, around its stand-ins.
+// lowercase, around its stand-ins. Its glossary terms are not masked: they stay in the text the model
+// reads, and `terms` lists their entries.
 function part(index, text, start, end, spans, fold, R) {
   const sentence = text.slice(start, end);
-  let kase = fold ? oneCase(blanked(sentence, spans)) : null;
+  const kept = spans.filter((s) => s.kind !== 'glossary');
+  const terms = spans.filter((s) => s.kind === 'glossary').map((s) => s.entry);
+  let kase = fold ? oneCase(blanked(sentence, kept)) : null;
   let folded = kase ? sentenceCase(sentence) : sentence;
   if (folded.length !== sentence.length) [kase, folded] = [null, sentence];
-  return { text: index, start, end, kase, masked: mask(folded, spans, R, 0, sentence) };
+  const reserved = terms.flatMap((e) => e.target.match(R.words) || []);
+  return { text: index, start, end, kase, terms, masked: mask(folded, kept, R, 0, sentence, reserved) };
 }
 
 // `DocumentTranslator.prepare`: every text's sentences, cut where `fits` refuses them (null: none is),
-// their spans masked; how many sentences there were, and how many were cut.
-export function prepare(texts, R, segmenter, fold, fits = null) {
+// their spans masked; how many sentences there were, and how many were cut. `find`: the glossary's
+// source terms in a text (null: no glossary); no sentence ends, and no cut falls, inside a span or one.
+export function prepare(texts, R, segmenter, fold, fits = null, find = null) {
   const parts = [];
   const counts = { sentences: 0, cut: 0 };
   texts.forEach((text, index) => {
-    const spans = findSpans(text, R);
+    const spans = findSpans(text, R, find ? find(text) : []);
     for (const [start, end] of splitSentences(text, spans, R, segmenter)) {
-      const pieces = fits ? cutLong(text.slice(start, end), fits, R) : [[0, end - start]];
+      const keep = spans.filter((s) => start <= s.start && s.end <= end)
+        .map((s) => ({ start: s.start - start, end: s.end - start }));
+      const pieces = fits ? cutLong(text.slice(start, end), fits, R, keep) : [[0, end - start]];
       counts.sentences += 1;
       counts.cut += pieces.length > 1;
       for (const [a, b] of pieces) {
@@ -307,21 +322,22 @@ export function prepare(texts, R, segmenter, fold, fits = null) {
 }
 
 // `translate_parts`'s second try: the parts whose stand-in the model dropped, masked with the next
-// stand-ins of their pools and translated once more, kept where fewer are dropped.
-async function retried(parts, found, engine, R, tally) {
+// stand-ins of their pools and translated once more, kept where fewer are dropped (`raw`: the engine's
+// translations before they were cased).
+async function retried(parts, found, raw, engine, R, tally) {
   const retry = parts.flatMap((p, k) => (missing(p.masked, found[k], R).length ? [k] : []));
   if (!retry.length) return;
   const again = retry.map((k) => {
-    const { source, spans, originals } = parts[k].masked;
-    return { ...parts[k], masked: { ...mask(source, spans, R, 1), originals } };
+    const { source, spans, originals, reserved } = parts[k].masked;
+    return { ...parts[k], masked: { ...mask(source, spans, R, 1, source, reserved), originals } };
   });
-  const second = await engine(again.map((p) => p.masked.text));
+  const second = await engine(again.map((p) => p.masked.text), again.map((p) => p.terms));
   retry.forEach((k, j) => {
     const translation = cased(again[j], second[j]);
     const before = missing(parts[k].masked, found[k], R).length;
     const after = missing(again[j].masked, translation, R).length;
     if (after < before) {
-      [parts[k], found[k]] = [again[j], translation];
+      [parts[k], found[k], raw[k]] = [again[j], translation, second[j]];
       tally.retried += before - after;
     }
   });
@@ -341,19 +357,28 @@ function joined(texts, parts, restored) {
   });
 }
 
-// `DocumentTranslator.translate_runs`: `engine` (sentences in, translations out, in one call) translates
-// every sentence of every text, a sentence `fits` refuses in parts; the spans restored, each translation
-// goes where its sentence was.
-export async function translateTexts(texts, engine, R, segmenter, fold, fits = null) {
-  const { parts, counts } = prepare(texts, R, segmenter, fold, fits);
-  const tally = { ...counts, spans: 0, retried: 0, placed: 0 };
+// `DocumentTranslator.translate_runs`: `engine` (sentences and each one's glossary entries in, their
+// translations out, in one call) translates every sentence of every text, a sentence `fits` refuses in
+// parts; the spans restored, each translation goes where its sentence was. `glossary` (null: none):
+// `find(text)`, the source terms of a text, and `uses(entries, translation)`, how each entry fared in the
+// engine's translation (`terms_used`: met, refused or missing); the tally counts the terms found, met
+// and refused, as Python's.
+export async function translateTexts(texts, engine, R, segmenter, fold, fits = null, glossary = null) {
+  const { parts, counts } = prepare(texts, R, segmenter, fold, fits, glossary && glossary.find);
+  const tally = { ...counts, spans: 0, retried: 0, placed: 0, terms: 0, terms_met: 0, terms_refused: 0 };
   if (!parts.length) return { translations: texts.map(() => ''), ...tally };
-  const found = (await engine(parts.map((p) => p.masked.text))).map((t, k) => cased(parts[k], t));
-  await retried(parts, found, engine, R, tally);
+  const raw = await engine(parts.map((p) => p.masked.text), parts.map((p) => p.terms));
+  const found = raw.map((t, k) => cased(parts[k], t));
+  await retried(parts, found, raw, engine, R, tally);
   const restored = parts.map((p, k) => {
     const { text, placed } = unmask(p.masked, found[k], R);
     tally.spans += p.masked.spans.length;
     tally.placed += placed;
+    tally.terms += p.terms.length;
+    for (const use of p.terms.length ? glossary.uses(p.terms, raw[k]) : []) {
+      tally.terms_met += use.status === 'met';
+      tally.terms_refused += use.status === 'refused';
+    }
     return text;
   });
   return { translations: joined(texts, parts, restored), ...tally };

@@ -9,6 +9,11 @@ does not match before a final line break. Each is written out here as what Pytho
 properties (`\\p{L}`, `\\p{N}`, `\\p{Nd}`) under the `u` flag; under that flag a needless escape
 (`\\"`) is an error, so it loses its backslash. A construct with no JavaScript equivalent written here
 is refused, so a new pattern fails the export rather than finding other spans in the page.
+
+The glossary's source terms are matched in the page (web_glossary.mjs) with Python's rules too: its \\w
+and \\s, and, for the letters a term matches in any case, the characters Python's `re` takes for each
+when case is ignored (`case_classes`): JavaScript's `i` flag folds by Unicode's case folding, `re` by
+lowercase and a table of its own, so the page writes each such letter as the class of those.
 """
 
 from __future__ import annotations
@@ -153,3 +158,23 @@ def page_rules() -> dict[str, object]:
         "joiners": sorted(JOINERS),
         "folds": case_folds(),
     }
+
+
+@functools.cache
+def case_classes() -> list[str]:
+    """The characters Python's `re` matches alike when case is ignored, a class a string (characters
+    that match only themselves left out); ValueError should `re` ever match them otherwise than as
+    classes (one character matching another that does not match it back)."""
+    cased = "".join(c for c in map(chr, range(sys.maxunicode + 1))
+                    if not 0xD800 <= ord(c) <= 0xDFFF and (c.lower() != c or c.upper() != c))
+    alike = {c: "".join(re.findall(f"(?i:{re.escape(c)})", cased)) for c in cased}
+    classes = sorted({group for group in alike.values() if len(group) > 1})
+    for group in classes:
+        if any(alike[c] != group for c in group):
+            raise ValueError(f"re matches {group!r} alike ignoring case, but not each one with every other")
+    return classes
+
+
+def glossary_rules() -> dict[str, object]:
+    """What the page needs to find the glossary's source terms as `Glossary.find` does."""
+    return {"word": js_source(r"\w"), "space": js_source(r"\s"), "cases": case_classes()}

@@ -1,4 +1,6 @@
-"""The `evaluate` job: decode a held-out set with a checkpoint and report BLEU, chrF, CER, WER and speed.
+"""The `evaluate` job: decode a held-out set with a checkpoint and report BLEU, chrF, CER, WER, speed and
+how well confidence sorts the translations (decoding/confidence_report.py); with calibrate=true, fit the
+checkpoint's calibration of confidence on the set first (decoding/calibration.py).
 
 By default it scores the run's own test split (saved in the run directory as split/test.tsv, or
 rebuilt deterministically from the checkpoint's config); parallel text can be given instead as two
@@ -22,9 +24,12 @@ from transformer_mt.config.typed import to_dataclass
 from transformer_mt.data import LINE_ENDS, held_out_pairs, load_split_tsv, one_line, read_lines
 from transformer_mt.data.languages import split_file
 from transformer_mt.data.words import seen_words, training_words
-from transformer_mt.decoding import robustness
+from transformer_mt.decoding import confidence_report, robustness
+from transformer_mt.decoding.calibration import fit_calibration, fitted_for, search_name
+from transformer_mt.decoding.confidence import Calibration, Rater, write_calibration
+from transformer_mt.decoding.glossary import count_terms, read_glossary
 from transformer_mt.decoding.metrics import Scores, bleu_and_length, score
-from transformer_mt.decoding.translator import Translator
+from transformer_mt.decoding.translator import Translation, Translator
 from transformer_mt.documents import report as documents_report
 from transformer_mt.documents.pipeline import DocumentTranslator
 from transformer_mt.errors import ConfigError, DataError
@@ -67,8 +72,10 @@ def evaluate(cfg: EvaluateConfig) -> float:
     """Entry point of `transformer-mt evaluate`: returns BLEU."""
     assert cfg.checkpoint is not None  # validate() requires it
     configure_threads(cfg.device)
+    glossary = read_glossary(cfg.decoding.glossary)  # before the model: a bad file is one line, and no wait
     engine = Translator.from_checkpoint(cfg.checkpoint, device=select_device(cfg.device),
                                         decoding=cfg.decoding, amp=cfg.device.amp, tgt_lang=cfg.tgt_lang)
+    engine.use_glossary(glossary)
     checkpoint = Path(engine.info["checkpoint"])
     lang = engine.tgt_lang if engine.vocab.target_languages else None
     sources, references, name = load_eval_set(cfg, checkpoint.parent, engine.info["config"], lang)
@@ -76,20 +83,27 @@ def evaluate(cfg: EvaluateConfig) -> float:
         sources, references = sources[: cfg.max_sentences], references[: cfg.max_sentences]
     if not sources:
         raise DataError(f"the {name} set is empty; nothing to evaluate")
+    if cfg.calibrate:
+        engine.rater = Rater(None)  # the model's own probabilities: what a calibration is fitted to
 
-    started = time.perf_counter()
-    hypotheses = _best(engine, sources)  # as validation decodes: sentence by sentence, as written
-    seconds = time.perf_counter() - started
+    best, seconds, rating = _translated(engine, sources)
+    hypotheses = [t.text for t in best]
     scores = score(hypotheses, references)
     d = cfg.decoding
-    search = "sampling" if d.sampling else ("greedy" if d.beam_size == 1 else f"beam{d.beam_size}")
+    search = search_name(d)
     out_tokens = sum(len(t) for t in engine.vocab.encode_tgt(hypotheses))
     report: dict[str, Any] = {
         "checkpoint": engine.info.get("ensemble", str(checkpoint)), "set": name, "search": search,
         **scores.as_dict(),
         "sentences_per_s": len(sources) / seconds, "tokens_per_s": out_tokens / seconds, "seconds": seconds,
         "device": str(engine.device), "amp": str(engine.precision), "decoding": d.__dict__,
+        "confidence_seconds": rating,
     }
+    confidence = _confidence(cfg, engine, best, references, checkpoint.parent, name)
+    if confidence is not None:
+        report["confidence"] = confidence
+    if glossary is not None:
+        report["glossary"] = count_terms(u for t in best for u in t.terms or ())
     out_dir = Path(cfg.output_dir) if cfg.output_dir else checkpoint.parent / "eval"
     members = len(engine.info.get("ensemble", ()))
     stem = f"{name}.{f'ensemble{members}' if members else checkpoint.stem}.{search}"
@@ -117,6 +131,12 @@ def evaluate(cfg: EvaluateConfig) -> float:
     print(f"  chrF signature: {scores.chrf_signature}")
     print(f"  speed: {report['sentences_per_s']:.1f} sentences/s, {report['tokens_per_s']:.0f} tokens/s"
           f" on {engine.device} ({engine.precision})")
+    if confidence is not None:
+        print("\n".join(confidence_report.lines(confidence)))
+    if glossary is not None:
+        terms = report["glossary"]
+        print(f"  glossary: {terms['terms']} terms in the sources, {terms['met']} in their translation, "
+              f"{terms['refused']} refused, {terms['missing']} missing")
     if cfg.robustness:
         print(f"input as people type it (seed {cfg.seed}):")
         print(robustness.table(rows))
@@ -130,10 +150,44 @@ def evaluate(cfg: EvaluateConfig) -> float:
     return scores.bleu
 
 
+def _translated(engine: Translator, sources: list[str]) -> tuple[list[Translation], float, float]:
+    """The best translation of each source, as validation decodes (sentence by sentence, as written); the
+    seconds of the search, and apart those of confidence's forced pass, which its speed leaves out."""
+    started, rating = time.perf_counter(), engine.rater.seconds
+    best = [nbest[0] for nbest in engine.translate_nbest(sources)]
+    rating = engine.rater.seconds - rating
+    return best, time.perf_counter() - started - rating, rating
+
+
+def _confidence(cfg: EvaluateConfig, engine: Translator, best: list[Translation], references: list[str],
+                run_dir: Path, name: str) -> dict[str, Any] | None:
+    """The report's confidence section (None with decoding.confidence=false). With calibrate=true, the
+    checkpoint's calibration is fitted on these translations first, written beside it, and applied to them."""
+    if not cfg.decoding.confidence or all(t.confidence is None for t in best):  # off, or all empty
+        return None
+    written = None
+    if cfg.calibrate:
+        calibration = fit_calibration(best, references, fitted_for(engine, name, cfg.decoding))
+        written = str(write_calibration(run_dir, calibration))
+        best = [_calibrated(t, calibration) for t in best]
+        engine.rater = Rater(calibration)
+    section = confidence_report.report(best, references, cfg.seed, engine.rater.calibration is not None)
+    return section if written is None else {**section, "calibration_written": written}
+
+
+def _calibrated(t: Translation, calibration: Calibration) -> Translation:
+    """A translation rated without a calibration, rated with it: a new one (the translations of a repeated
+    source are one object, which must not go through the curves twice)."""
+    if t.confidence is None:
+        return t
+    confidence, words = calibration.applied(t.confidence, t.word_confidences or [])
+    return dataclasses.replace(t, confidence=confidence, word_confidences=words)
+
+
 def _best(engine: Translator | DocumentTranslator, sources: list[str], **options: Any) -> list[str]:
     """The best translation of each source (with these decoding options): by the engine, or through the
-    documents layer."""
-    return [n[0].text for n in engine.translate_nbest(sources, **options)]
+    documents layer. No confidence unless asked: the reports that call it read none."""
+    return [n[0].text for n in engine.translate_nbest(sources, **{"confidence": False, **options})]
 
 
 def _documents_report(cfg: EvaluateConfig, docs: DocumentTranslator, sources: list[str],

@@ -30,7 +30,7 @@ def export(cfg: ExportConfig) -> Path:
     elif cfg.format == "web":
         from transformer_mt.interop.web import export_web
 
-        path = export_web(cfg.checkpoint, output_dir, cfg.overwrite)
+        path = export_web(cfg.checkpoint, output_dir, cfg.overwrite, glossary=cfg.glossary)
     else:
         from transformer_mt.interop.ct2_export import export_ctranslate2
 

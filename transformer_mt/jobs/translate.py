@@ -1,7 +1,9 @@
 """The `translate` job: sentences from the command line, a file, a pipe or an interactive prompt.
 
 Output keeps line alignment: one line out per line in (n lines with n-best), an empty line for an
-empty line (or its prefix, with one). Lines are translated in chunks so a large file streams instead
+empty line (or its prefix, with one); with output_format=jsonl each line is a JSON object (text, score,
+confidence, words). A translation below decoding.min_confidence is marked (jsonl) or withheld (its text
+left empty), and counted in the log. Lines are translated in chunks so a large file streams instead
 of filling memory; with `output=`, each chunk goes to a temporary file beside it, renamed into place
 once every line is written.
 """
@@ -9,10 +11,14 @@ once every line is written.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
+import json
 import logging
+import math
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TextIO, TypeVar
 
@@ -21,6 +27,7 @@ from transformer_mt.config.arguments import not_utf8_text
 from transformer_mt.config.problems import raise_if
 from transformer_mt.data import one_line, open_binary, read_utf8, utf8_lines
 from transformer_mt.decoding.alignment import pharaoh
+from transformer_mt.decoding.confidence import shown, verdict, words_json
 from transformer_mt.decoding.engine import load_engine
 from transformer_mt.decoding.search import alignment
 from transformer_mt.decoding.translator import TextTranslator, Translation, check_default_prefix
@@ -68,6 +75,51 @@ def format_nbest(nbest: list[Translation], n_best: int, with_scores: bool) -> li
             for rank, h in enumerate(padded[:n_best], start=1)]
 
 
+def jsonl_lines(nbest: list[Translation], n_best: int, screened: bool, action: str | None) -> list[str]:
+    """output_format=jsonl: one object per output line of format_nbest (n with n-best, `rank` then given):
+    text, score, confidence and words of the best ([[word, confidence], ...]; null for the others), the
+    alignment where asked; `screened` (decoding.min_confidence set) adds `low_confidence`, and `action`
+    withhold leaves the text and words out, with `withheld: true`."""
+    empty = Translation("", float("-inf"), alignment=[] if nbest[0].alignment is not None else None)
+    out = []
+    for rank, h in enumerate((nbest + [empty] * (n_best - len(nbest)))[:n_best], start=1):
+        line: dict[str, object] = {"text": h.text, "score": h.score if math.isfinite(h.score) else None,
+                                   "confidence": None if h.confidence is None else shown(h.confidence),
+                                   "words": words_json(h.word_confidences)}
+        if n_best > 1:
+            line["rank"] = rank
+        if h.alignment is not None:
+            line["alignment"] = pharaoh(h.alignment)
+        if screened:
+            line["low_confidence"] = action is not None
+        if action == "withhold":  # nothing of the translation: its text, words, alignment
+            line.update(text="", words=[], withheld=True)
+            line.update({"alignment": ""} if "alignment" in line else {})
+        out.append(json.dumps(line, ensure_ascii=False))
+    return out
+
+
+def output_lines(nbest: list[Translation], cfg: TranslateConfig) -> tuple[list[str], bool]:
+    """One input's output lines (output_format), and whether its best translation is below
+    decoding.min_confidence (marked, or withheld: its lines' texts left empty)."""
+    d = cfg.decoding
+    action = verdict(nbest[0].confidence, d.min_confidence, d.low_confidence)
+    if cfg.output_format == "jsonl":
+        return jsonl_lines(nbest, d.n_best, d.min_confidence is not None, action), action is not None
+    if action == "withhold":
+        nbest = [dataclasses.replace(h, text="", alignment=None if h.alignment is None else [])
+                 for h in nbest]
+    return format_nbest(nbest, d.n_best, cfg.scores), action is not None
+
+
+def warn_terms(number: int, best: Translation | None) -> None:
+    """One warning per glossary term of input line `number` that its translation does not hold."""
+    for use in best.terms or () if best is not None else ():
+        if use.status != "met":
+            log.warning("line %d: glossary term %r -> %r %s: %s", number, use.source, use.target, use.status,
+                        use.reason)
+
+
 def interactive(docs: DocumentTranslator, cfg: TranslateConfig) -> None:
     """A prompt for a person at a terminal: one sentence at a time until EOF or Ctrl-C."""
     print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
@@ -82,7 +134,7 @@ def interactive(docs: DocumentTranslator, cfg: TranslateConfig) -> None:
             print(f"error: {ex if isinstance(ex, ConfigError) else 'the line is not valid UTF-8'}; try again",
                   file=sys.stderr)
             continue
-        for out in format_nbest(docs.translate_nbest([line])[0], cfg.decoding.n_best, cfg.scores):
+        for out in output_lines(docs.translate_nbest([line])[0], cfg)[0]:
             print(out, flush=True)
 
 
@@ -115,25 +167,36 @@ def write_attention_png(engine: TextTranslator, sentence: str, path: Path) -> No
     log.info("attention heatmap written to %s", path)
 
 
-def write_lines(docs: DocumentTranslator, lines: Iterable[str], out: TextIO,
-                cfg: TranslateConfig) -> tuple[int, list[str]]:
-    """Translate lines chunk by chunk, writing each chunk's output as soon as it is done; the count, and
-    what was wrong with each line that could not be translated (its output is empty, as for an empty line)."""
-    count, failed = 0, []
+@dataclass
+class Written:
+    """What write_lines did: the lines, what was wrong with each line that could not be translated (its
+    output is empty, as for an empty line), and how many translations were below decoding.min_confidence."""
+
+    count: int = 0
+    failed: list[str] = dataclasses.field(default_factory=list)
+    low: int = 0
+
+
+def write_lines(docs: DocumentTranslator, lines: Iterable[str], out: TextIO, cfg: TranslateConfig) -> Written:
+    """Translate lines chunk by chunk, writing each chunk's output as soon as it is done."""
+    done = Written()
     empty = [Translation("", float("-inf"), alignment=[] if cfg.decoding.alignment else None)]
     for chunk in chunks(lines, CHUNK_LINES):
         prefixes = None
         if cfg.input_format == "tsv":  # source<TAB>prefix: each translation starts with its prefix
             rows = [line.split("\t", 1) for line in chunk]
             chunk, prefixes = [r[0] for r in rows], [r[1] if len(r) > 1 else "" for r in rows]
-        results, problems = translate_fitting(docs, chunk, prefixes, first_line=count + 1)
-        failed += problems
-        for nbest in results:
-            for line in format_nbest(nbest or empty, cfg.decoding.n_best, cfg.scores):
+        results, problems = translate_fitting(docs, chunk, prefixes, first_line=done.count + 1)
+        done.failed += problems
+        for number, nbest in enumerate(results, start=done.count + 1):
+            warn_terms(number, nbest[0] if nbest else None)
+            written, low = output_lines(nbest or empty, cfg)
+            done.low += low
+            for line in written:
                 out.write(line + "\n")
         out.flush()
-        count += len(chunk)
-    return count, failed
+        done.count += len(chunk)
+    return done
 
 
 def translate_fitting(docs: DocumentTranslator, sources: list[str], prefixes: list[str] | None,
@@ -163,9 +226,11 @@ def read_first(cfg: TranslateConfig, fmt: str) -> str | None:
         read_terms(cfg.document.keep_terms)
     if not cfg.input or fmt == "text":
         return None
-    if cfg.decoding.n_best > 1 or cfg.scores or cfg.decoding.alignment or cfg.input_format != "text":
+    if (cfg.decoding.n_best > 1 or cfg.scores or cfg.decoding.alignment or cfg.input_format != "text"
+            or cfg.output_format != "text"):
         raise ConfigError(f"document.format={fmt} writes the document translated; n-best lists, scores, "
-                          "alignments and input_format=tsv are for text a line (document.format=text)")
+                          "alignments, input_format=tsv and output_format=jsonl are for text a line "
+                          "(document.format=text)")
     source = read_utf8(Path(cfg.input))
     read_document(source, fmt, cfg.input)
     return source
@@ -205,6 +270,10 @@ def translate(cfg: TranslateConfig) -> None:
     """Entry point of `transformer-mt translate`."""
     fmt = format_for(cfg.input, cfg.document.format)
     document = read_first(cfg, fmt)
+    # Confidence costs a forced pass more: only where the output shows it (jsonl) or a threshold reads it.
+    shown = cfg.output_format == "jsonl" or cfg.decoding.min_confidence is not None
+    cfg = dataclasses.replace(cfg, decoding=dataclasses.replace(cfg.decoding,
+                                                                confidence=cfg.decoding.confidence and shown))
     engine = load_engine(cfg)
     check_default_prefix(engine)
     docs = DocumentTranslator.for_engine(engine, cfg.document)
@@ -227,14 +296,18 @@ def translate(cfg: TranslateConfig) -> None:
         else:
             lines = utf8_lines(sys.stdin.buffer, "stdin")
         if cfg.output:
-            count, failed = write_file(Path(cfg.output), lambda out: write_lines(docs, lines, out, cfg))
-            log.info("%d lines translated into %s", count, cfg.output)
+            done = write_file(Path(cfg.output), lambda out: write_lines(docs, lines, out, cfg))
+            log.info("%d lines translated into %s", done.count, cfg.output)
         else:
-            count, failed = write_lines(docs, lines, sys.stdout, cfg)
+            done = write_lines(docs, lines, sys.stdout, cfg)
     log.info("%s", docs.summary())
+    if cfg.decoding.min_confidence is not None:
+        log.info("%d of %d translations below decoding.min_confidence=%g: %s", done.low, done.count,
+                 cfg.decoding.min_confidence,
+                 "marked" if cfg.decoding.low_confidence == "mark" else "withheld (empty output)")
     if engine.truncated:
         log.warning("%d inputs were longer than %d tokens and were cut", engine.truncated,
                     engine.max_input_tokens)
-    if failed:
-        raise DataError(f"{len(failed)} of {count} lines could not be translated and have empty output "
-                        f"(first: {failed[0]}); shorten or fix them")
+    if done.failed:
+        raise DataError(f"{len(done.failed)} of {done.count} lines could not be translated and have empty "
+                        f"output (first: {done.failed[0]}); shorten or fix them")

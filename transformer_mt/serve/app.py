@@ -28,8 +28,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from transformer_mt.config import ServeConfig
+from transformer_mt.config import DecodingConfig, ServeConfig
 from transformer_mt.decoding.alignment import pharaoh
+from transformer_mt.decoding.confidence import shown, verdict, words_json
 from transformer_mt.decoding.translator import TextTranslator, Translation
 from transformer_mt.documents.pipeline import DocumentTranslator
 from transformer_mt.errors import UserError
@@ -41,6 +42,7 @@ from transformer_mt.serve.messages import (
     ERRORS,
     ErrorResponse,
     ScoredText,
+    TermReport,
     TranslateRequest,
     TranslateResponse,
     one_line,
@@ -63,6 +65,7 @@ class Metrics:
         self.started = time.time()
         self.requests: collections.Counter[str] = collections.Counter()  # by status code
         self.sentences = 0
+        self.low_confidence = 0  # best translations below decoding.min_confidence (marked or withheld)
         self.latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
 
     def report(self, batcher: Batcher) -> dict[str, Any]:
@@ -73,6 +76,7 @@ class Metrics:
         return {
             "uptime_s": round(time.time() - self.started, 1),
             "requests": dict(self.requests), "sentences": self.sentences,
+            "low_confidence": self.low_confidence,
             "queue": {"waiting_sentences": batcher.waiting, "max": batcher.cfg.max_queue},
             "batches": batches,
             "batch_sentences": {"mean": round(batcher.decoded / batches, 2) if batches else 0.0,
@@ -119,8 +123,10 @@ class Service:
             return JSONResponse({"error": "the client closed the connection"}, status_code=499)
         self.metrics.sentences += len(texts)
         self.metrics.latencies.append(time.perf_counter() - start)
+        actions = screened(results, self.engine.decoding)
+        self.metrics.low_confidence += sum(a is not None for a in actions)
         return await asyncio.to_thread(respond_json, self.engine, texts, results, body,
-                                       limits.max_response_bytes)
+                                       limits.max_response_bytes, actions)
 
 
 def create_app(engine: TextTranslator, cfg: ServeConfig) -> FastAPI:
@@ -249,11 +255,25 @@ async def _hang_up(request: Request) -> None:
         pass
 
 
+def screened(results: list[list[Translation]], decoding: DecodingConfig) -> list[str | None]:
+    """decoding.min_confidence applied to each text's best translation: what it did to each (`verdict`);
+    a withheld one's list is replaced by one empty translation that keeps its score and confidence."""
+    actions = [verdict(nbest[0].confidence, decoding.min_confidence, decoding.low_confidence)
+               for nbest in results]
+    for i, action in enumerate(actions):
+        if action == "withhold":
+            best = results[i][0]
+            results[i] = [Translation("", best.score, alignment=None if best.alignment is None else [],
+                                      confidence=best.confidence, word_confidences=[])]
+    return actions
+
+
 def respond_json(engine: TextTranslator, texts: list[str], results: list[list[Translation]],
-                 body: TranslateRequest, max_bytes: int) -> JSONResponse:
+                 body: TranslateRequest, max_bytes: int,
+                 actions: list[str | None] | None = None) -> JSONResponse:
     """The response for one request's results, rendered to JSON (the slow part for large attention), or
     a 413 when it is over `max_bytes` (limits.max_response_bytes)."""
-    response = JSONResponse(respond(engine, texts, results, body).model_dump(exclude_none=True))
+    response = JSONResponse(respond(engine, texts, results, body, actions).model_dump(exclude_none=True))
     if len(response.body) > max_bytes:
         return JSONResponse({"error": f"the answer is {len(response.body):,} bytes, over this server's "
                                       f"limits.max_response_bytes={max_bytes:,}; ask for fewer texts, "
@@ -262,9 +282,13 @@ def respond_json(engine: TextTranslator, texts: list[str], results: list[list[Tr
 
 
 def respond(engine: TextTranslator, texts: list[str], results: list[list[Translation]],
-            body: TranslateRequest) -> TranslateResponse:
-    """The response for one request's results (each a best-first n-best list)."""
+            body: TranslateRequest, actions: list[str | None] | None = None) -> TranslateResponse:
+    """The response for one request's results (each a best-first n-best list), and what
+    decoding.min_confidence did to each (`screened`)."""
     out = TranslateResponse(translations=[nbest[0].text for nbest in results])
+    if any(nbest[0].terms is not None for nbest in results):
+        out.terms = [[TermReport(source=u.source, target=u.target, status=u.status, reason=u.reason or None)
+                      for u in nbest[0].terms or ()] for nbest in results]
     if body.scores or (body.n_best or 1) > 1:
         out.nbest = [[ScoredText(text=h.text, score=_finite(h.score)) for h in nbest] for nbest in results]
     if body.attention is not False:
@@ -272,6 +296,13 @@ def respond(engine: TextTranslator, texts: list[str], results: list[list[Transla
         out.attention = [attention_map(engine, text, nbest[0], heads) for text, nbest in zip(texts, results)]
     if any(nbest[0].alignment is not None for nbest in results):
         out.alignments = [pharaoh(nbest[0].alignment or []) for nbest in results]
+    if any(nbest[0].confidence is not None for nbest in results):
+        out.confidence = [None if n[0].confidence is None else shown(n[0].confidence) for n in results]
+        out.words = [words_json(nbest[0].word_confidences) for nbest in results]
+    if actions is not None and engine.decoding.min_confidence is not None:
+        out.low_confidence = [a is not None for a in actions]
+        if engine.decoding.low_confidence == "withhold":
+            out.withheld = [a == "withhold" for a in actions]
     return out
 
 
@@ -303,6 +334,8 @@ def describe(engine: TextTranslator, cfg: ServeConfig) -> dict[str, Any]:
                        "target_size": vocab.tgt_vocab_size},
         "decoding": {"beam_size": engine.decoding.beam_size, "n_best": engine.decoding.n_best,
                      "max_beam_size": cfg.limits.max_beam_size},
+        "confidence": {"on": engine.decoding.confidence, "calibrated": engine.rater.calibration is not None,
+                       "min_confidence": engine.decoding.min_confidence},
         "limits": {"max_texts": cfg.limits.max_texts, "max_chars": cfg.limits.max_chars},
         "api_key": cfg.api_key is not None or cfg.api_key_file is not None,  # the page asks for it
         "batching": {"enabled": cfg.batching.enabled, "window_ms": cfg.batching.window_ms,

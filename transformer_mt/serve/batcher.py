@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import math
 import threading
@@ -32,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from transformer_mt.config import BatchingConfig
+from transformer_mt.decoding.glossary import Glossary
 from transformer_mt.decoding.search import DecodingStopped
 from transformer_mt.decoding.translator import Translation
 from transformer_mt.documents.pipeline import DocumentTranslator
@@ -54,6 +56,7 @@ class Search:
     alignment: bool | None = None  # None: the server's decoding.alignment
     tgt_lang: str | None = None  # a model of several target languages: None, the server's
     format: str = "text"  # markdown | html | srt: each text a document, translated with its structure
+    glossary: tuple[tuple[str, str], ...] | None = None  # the request's own terms, over the server's
 
 
 @dataclass
@@ -105,6 +108,7 @@ class Batcher:
         self.decode_seconds = 0.0  # worker time spent decoding, for throughput and Retry-After
         self.decoded = 0  # sentences decoded
         self.busy_since: float | None = None  # time.monotonic() the batch in hand began, None when idle
+        self.glossary = functools.lru_cache(maxsize=16)(self._glossary)
 
     def start(self) -> None:
         self._thread.start()
@@ -263,12 +267,13 @@ class Batcher:
         prefixes = None if jobs[0].prefixes is None else [p for job in jobs for p in job.prefixes or ()]
         start = time.perf_counter()
         try:
+            glossary = self.glossary(search.glossary)
             if search.format != "text":
-                return self._documents(texts, search, lambda: all(job.gone() for job in jobs))
+                return self._documents(texts, search, glossary, lambda: all(job.gone() for job in jobs))
             return self.engine.translate_nbest(texts, return_attention=search.attention,
                                                beam_size=search.beam_size, n_best=search.n_best,
                                                alignment=search.alignment, aligned=1, prefixes=prefixes,
-                                               tgt_lang=search.tgt_lang,
+                                               tgt_lang=search.tgt_lang, glossary=glossary,
                                                should_stop=lambda: all(job.gone() for job in jobs))
         except SHUTDOWN:
             raise
@@ -282,12 +287,21 @@ class Batcher:
             self.decoded += len(texts)
             self.batch_sizes[len(texts)] += 1
 
-    def _documents(self, texts: list[str], search: Search,
+    def _glossary(self, terms: tuple[tuple[str, str], ...] | None) -> Glossary | None:
+        """The server's glossary with a request's terms over it (None: the server's, as the engine has it);
+        through `self.glossary`, which keeps the last few built (a large glossary's patterns take a while)."""
+        if terms is None:
+            return None  # the engine's own
+        server = self.engine.engine.glossary
+        mine = Glossary.of(terms, "glossary")
+        return server.merged(mine) if server is not None else mine
+
+    def _documents(self, texts: list[str], search: Search, glossary: Glossary | None,
                    stop: Callable[[], bool]) -> list[list[Translation]]:
         """Documents translated whole, each as its one translation (the request checked that they parse)."""
         names = [f"text[{i}]" for i in range(len(texts))]
         done = self.engine.translate_documents(texts, search.format, names, beam_size=search.beam_size,
-                                               tgt_lang=search.tgt_lang, should_stop=stop)
+                                               tgt_lang=search.tgt_lang, should_stop=stop, glossary=glossary)
         return [[Translation(text, 0.0)] for text in done]
 
     def _reply(self, jobs: list[Job], outcome: list[list[Translation]] | BaseException) -> None:

@@ -14,6 +14,8 @@ from starlette.exceptions import HTTPException
 
 from transformer_mt.config import ServeConfig
 from transformer_mt.config.checks import n_best_in_beam
+from transformer_mt.decoding.glossary import Glossary
+from transformer_mt.errors import DataError
 from transformer_mt.serve.attention_maps import AttentionMap
 from transformer_mt.serve.batcher import Search
 
@@ -41,11 +43,15 @@ class TranslateRequest(BaseModel):
     format: Literal["text", "markdown", "html", "srt"] = Field(
         "text", description="text: each text split into sentences; markdown, html, srt: each text a "
         "document, translated with its structure (markup, code, cue numbers and timings) as it was")
+    glossary: dict[str, str] | None = Field(None, description="{source term: target term}: where a source "
+                                            "term occurs, its translation holds the target term (added to "
+                                            "the server's decoding.glossary, over its entry for the term)")
 
     def search(self) -> Search:
         """What the request asks of the search (requests that ask the same decode together)."""
+        glossary = tuple(sorted(self.glossary.items())) if self.glossary else None
         return Search(self.beam_size, self.n_best, self.attention is not False, self.alignment, self.tgt_lang,
-                      self.format)
+                      self.format, glossary)
 
 
 class ScoredText(BaseModel):
@@ -55,12 +61,34 @@ class ScoredText(BaseModel):
     score: float
 
 
+class TermReport(BaseModel):
+    """How one glossary term of a text fared in its best translation."""
+
+    source: str
+    target: str
+    status: Literal["met", "refused", "missing"] = Field(description="met: the translation holds the target "
+                                                         "term; refused: the search could not take it; "
+                                                         "missing: it did not come out (see reason)")
+    reason: str | None = None
+
+
 class TranslateResponse(BaseModel):
     translations: list[str] = Field(description="the best translation of each text, in request order")
+    terms: list[list[TermReport]] | None = Field(None, description="with a glossary: each text's terms and "
+                                                 "how each fared")
     nbest: list[list[ScoredText]] | None = None
     attention: list[AttentionMap] | None = None
     alignments: list[str] | None = Field(None, description="the best translation's word alignment of each "
                                          "text (`0-0 1-2 ...`), when asked")
+    confidence: list[float | None] | None = Field(
+        None, description="each best translation's confidence: its expected chrF/100 where the model is "
+        "calibrated (docs/confidence.md); null for an empty text or a document")
+    words: list[list[tuple[str, float]] | None] | None = Field(
+        None, description="each best translation's words with their confidence: [[word, confidence], ...]")
+    low_confidence: list[bool] | None = Field(None, description="with the server's decoding.min_confidence: "
+                                              "whether each best translation is below it")
+    withheld: list[bool] | None = Field(None, description="with decoding.low_confidence=withhold: whether "
+                                        "each translation was left out (its text empty) for being below it")
 
 
 class ErrorResponse(BaseModel):
@@ -97,7 +125,7 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> TranslateRequest:
                             "digits; send a smaller one") from None
     if not isinstance(data, dict):
         raise HTTPException(422, 'the body must be a JSON object such as {"text": ["..."]}')
-    _check_shape(data, cfg.limits.max_texts)
+    _check_shape(data, cfg.limits.max_texts, cfg.limits.max_glossary_terms)
     try:
         body = TranslateRequest.model_validate(data)
     except ValidationError as ex:
@@ -114,6 +142,7 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> TranslateRequest:
             raise HTTPException(413, f"text[{i}] has {len(text)} characters; the limit is {limits.max_chars} "
                                 "(limits.max_chars): split it into sentences")
     _check_prefixes(body, len(texts), limits.max_chars)
+    _check_glossary(body, limits.max_chars)
     beam = body.beam_size or cfg.decoding.beam_size
     if beam > limits.max_beam_size:
         raise HTTPException(422, f"beam_size={beam} is above this server's limit of {limits.max_beam_size}")
@@ -123,9 +152,10 @@ def parse_request(raw: bytes, cfg: ServeConfig) -> TranslateRequest:
     return body
 
 
-def _check_shape(data: dict[str, Any], max_texts: int) -> None:
+def _check_shape(data: dict[str, Any], max_texts: int, max_terms: int) -> None:
     """What validation would take long to find, refused before it: a key that is not a field, more texts
-    or prefixes than limits.max_texts (each item of a list past the limit would be an error of its own)."""
+    or prefixes than limits.max_texts, more glossary terms than limits.max_glossary_terms (each item past
+    the limit would be an error of its own)."""
     unknown = [str(key) for key in data if key not in TranslateRequest.model_fields]
     if unknown:
         more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
@@ -136,6 +166,10 @@ def _check_shape(data: dict[str, Any], max_texts: int) -> None:
             what = "texts" if field == "text" else "prefixes"
             raise HTTPException(413, f"{len(data[field])} {what} in one request; the limit is {max_texts} "
                                 "(limits.max_texts): split the request")
+    terms = data.get("glossary")
+    if isinstance(terms, dict) and len(terms) > max_terms:
+        raise HTTPException(413, f"a glossary of {len(terms)} terms in one request; the limit is {max_terms} "
+                            "(limits.max_glossary_terms): put the rest in the server's decoding.glossary")
 
 
 def _check_prefixes(body: TranslateRequest, n_texts: int, max_chars: int) -> None:
@@ -150,6 +184,18 @@ def _check_prefixes(body: TranslateRequest, n_texts: int, max_chars: int) -> Non
         if len(prefix) > max_chars:
             raise HTTPException(413, f"prefix[{i}] has {len(prefix)} characters; the limit is {max_chars} "
                                 "(limits.max_chars)")
+
+
+def _check_glossary(body: TranslateRequest, max_chars: int) -> None:
+    """Each glossary term within limits.max_chars, and usable (`Glossary.of`: no empty term, no tab)."""
+    for source, target in (body.glossary or {}).items():
+        if max(len(source), len(target)) > max_chars:
+            raise HTTPException(413, f"glossary term {source[:40]!r} is over {max_chars} characters "
+                                "(limits.max_chars); shorten it")
+    try:
+        Glossary.of((body.glossary or {}).items(), "glossary")
+    except DataError as ex:
+        raise HTTPException(422, str(ex)) from None
 
 
 def one_line(errors: Any) -> str:
