@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import fitted_checkpoint, require, tatoeba_sample
+from tests.conftest import require, tatoeba_sample
 from transformer_mt.config import DecodingConfig
 from transformer_mt.data import collate
 from transformer_mt.decoding import confidence_report
@@ -37,11 +37,11 @@ from transformer_mt.errors import DataError
 
 
 @pytest.fixture(scope="module")
-def fitted(fit_pairs: tuple[list[str], list[str]], corpus: Path,
-           tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny model fitted for seconds (conftest.fitted_checkpoint), which writes words where the tiny run
-    still writes nothing, in a directory of its own with 80 other Tatoeba pairs as its held-out split."""
-    run, _ = fitted_checkpoint(fit_pairs, tmp_path_factory.mktemp("confidence"), steps=80)
+def fitted(fitted_model, corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model fitted for seconds (conftest.fitted_model, post-norm), which writes words where the
+    tiny run still writes nothing, in a directory of its own with 80 other Tatoeba pairs as its held-out
+    split."""
+    run = fitted_model("marian", tmp_path_factory.mktemp("confidence"))
     (run / "split").mkdir()
     valid = tatoeba_sample(corpus, 997, 79)
     valid.append((valid[0][0], "Une autre traduction."))  # a source twice, as Tatoeba's splits have them

@@ -250,7 +250,7 @@ WITH_TERMS = """async ([targets, cases, texts, pasted]) => {
 
 @pytest.mark.browser
 def test_the_page_translates_with_a_glossary_as_greedy_search_with_terms(
-        web_dir: Path, fitted: Path, static_server: str, fit_pairs: tuple[list[str], list[str]]) -> None:
+        web_dir: Path, fitted: Path, chromium_page, fit_pairs: tuple[list[str], list[str]]) -> None:
     """Sentences with one and two terms (several subwords, several words): the page's search, with and
     without its key/value cache, writes the tokens PyTorch's greedy search with terms writes; the page
     finds the exported glossary's and the pasted lines' source terms where Glossary.find does, and
@@ -268,18 +268,18 @@ def test_the_page_translates_with_a_glossary_as_greedy_search_with_terms(
     pasted = "".join(f"{s}\t{t}\n" for s, t in pasted_pairs)
     sentences = [cases[4][0], "I saw blorpt and the Zorblax machine.", *(s for s, _ in cases[:4])]
     texts = [f"{sentences[0]} {sentences[1]}", *sentences[2:]]
-    with chromium_page(static_server) as (page, _):
-        shown = page.evaluate(WITH_TERMS, [list(variants), searches, texts, pasted])
-        page.fill("#source", texts[2])  # through the page's boxes: a line it cannot use, then good ones
-        page.fill("#terms", f"{pasted}no tab here\n")
-        page.click("#translate")
-        page.wait_for_function("document.getElementById('status').textContent.includes('glossary')")
-        refused = page.text_content("#status")
-        page.fill("#terms", pasted)
-        page.click("#translate")
-        page.wait_for_function("document.getElementById('status').textContent.includes('translated in')",
-                               timeout=60_000)
-        boxed, status = page.eval_on_selector("#target", "e => e.value"), page.text_content("#status") or ""
+    page, _ = chromium_page
+    shown = page.evaluate(WITH_TERMS, [list(variants), searches, texts, pasted])
+    page.fill("#source", texts[2])  # through the page's boxes: a line it cannot use, then good ones
+    page.fill("#terms", f"{pasted}no tab here\n")
+    page.click("#translate")  # its handler says 'Translating…' at once, then what it did
+    page.wait_for_function("document.getElementById('status').textContent.includes('glossary')")
+    refused = page.text_content("#status")
+    page.fill("#terms", pasted)
+    page.click("#translate")
+    page.wait_for_function("document.getElementById('status').textContent.includes('translated in')",
+                           timeout=60_000)
+    boxed, status = page.eval_on_selector("#target", "e => e.value"), page.text_content("#status") or ""
     assert refused == ("the pasted glossary: line 5 has no tab; write `source term<TAB>target term`, one "
                        "pair a line")
     assert boxed == shown["translated"]["translations"][2] and "glossary terms, " in status
@@ -309,12 +309,12 @@ def test_the_page_translates_with_a_glossary_as_greedy_search_with_terms(
 
 @pytest.mark.browser
 def test_the_page_rates_each_sentence_as_the_translator_does(
-        web_dir: Path, fitted: Path, static_server: str, fit_pairs: tuple[list[str], list[str]]) -> None:
+        fitted: Path, chromium_page, fit_pairs: tuple[list[str], list[str]]) -> None:
     """The page's confidences, from the probabilities its greedy search computed as it went, against the
     Translator's from its forced pass (no calibration: the model's own probabilities, words and all)."""
     sources = fit_pairs[0][-12:]
-    with chromium_page(static_server) as (page, _):
-        shown = page.evaluate("(s) => window.rateSentences(s)", sources)
+    page, _ = chromium_page
+    shown = page.evaluate("(s) => window.rateSentences(s)", sources)
     engine = Translator.from_checkpoint(fitted, device="cpu", amp="off", decoding=GREEDY)
     expected = [n[0] for n in engine.translate_nbest(sources, input_case="model")]
     assert engine.rater.calibration is None
