@@ -342,14 +342,16 @@ def _listing(run_dir: Path) -> dict[str, tuple[int, int]]:
 def tiny_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Iterator[Path]:
     """The tiny run (2 epochs, TensorBoard scalars at every step), trained once through the command line
     as a user would and shared by every test that reads a trained run, in every pytest-xdist worker: the
-    first to need it trains it under a file lock in the directory the workers share. Read only: a test
-    that writes into a run (resumes it, evaluates into it) takes `tiny_run_copy`. Checked unchanged at
-    the end."""
+    first to need it trains it under a file lock in the directory the workers share. Its pairs are drawn
+    from the real corpus (not runs_corpus): the tests read this model's own translations and vocabulary,
+    and it is trained once. Read only: a test that writes into a run (resumes it, evaluates into it)
+    takes `tiny_run_copy`. Checked unchanged at the end."""
     shared = shared_folder(tmp_path_factory)
     run_dir = shared / "tiny-run" / "run"
     with FileLock(str(shared / "tiny-run.lock")):
         if not (run_dir / "result.json").is_file():
-            result = run_cli("train", *tiny_overrides(corpus, run_dir, **{"training.log_every": 1}))
+            overrides = tiny_overrides(corpus, run_dir, **{"dataset.path": corpus, "training.log_every": 1})
+            result = run_cli("train", *overrides)
             assert result.returncode == 0, result.stderr[-3000:]
     before = _listing(run_dir)
     yield run_dir
