@@ -64,8 +64,10 @@ def test_every_translation_holds_its_terms_and_says_so(tiny_engine: Translator, 
             assert hyp.terms == [terms_used([e], [], hyp.text)[0] for e in entries]
             assert all(u.status == "met" for u in hyp.terms)
         changed += nbest[0].text != without[0].text
-        if not entries:  # a sentence without a term is decoded as without a glossary, bit for bit
-            assert [(h.text, h.score) for h in nbest] == [(h.text, h.score) for h in without]
+        if not entries:  # a sentence without a term is decoded as without a glossary (its batch's padding
+            # differs, so its scores may differ in the last float bits)
+            assert [h.text for h in nbest] == [h.text for h in without]
+            assert [h.score for h in nbest] == pytest.approx([h.score for h in without], abs=1e-5)
     assert changed >= 5  # the terms were not already in the model's own translations
     assert all(h.terms is None for nbest in plain for h in nbest)
 
@@ -93,7 +95,8 @@ def test_a_glossary_finds_terms_itself_and_leaves_other_sentences_as_they_were(t
             assert holds_term(nbest[0].text, terms[k][0].target)
             assert nbest[0].terms == terms_used([glossary.entries[0]], [], nbest[0].text)
         else:
-            assert (nbest[0].text, nbest[0].score, nbest[0].terms) == (without[0].text, without[0].score, [])
+            assert (nbest[0].text, nbest[0].terms) == (without[0].text, [])
+            assert nbest[0].score == pytest.approx(without[0].score, abs=1e-5)
     tiny_engine.use_glossary(glossary)  # the engine's own: the same as per call
     try:
         assert [n[0].text for n in tiny_engine.translate_nbest(sources)] == [n[0].text for n in with_glossary]
