@@ -15,6 +15,12 @@ from collections.abc import Sequence
 import torch
 from tokenizers import Tokenizer
 
+from transformer_mt.data.tokenizer import Vocabulary
+from transformer_mt.decoding.scoring import forced_attention
+from transformer_mt.decoding.search import StopCheck
+from transformer_mt.errors import ConfigError
+from transformer_mt.model import Ensemble, Transformer
+
 WORD = re.compile(r"\S+")
 REPLACEMENT = "\ufffd"  # what decoding shows for a character whose bytes are not all there yet
 
@@ -66,3 +72,26 @@ def word_alignment(attention: torch.Tensor, src_words: Sequence[int | None],
 def pharaoh(links: Sequence[tuple[int, int]]) -> str:
     """Links in the Pharaoh format of fast_align and Moses: `0-0 1-2 ...` (source-target)."""
     return " ".join(f"{s}-{t}" for s, t in links)
+
+
+def align_outputs(model: Transformer | Ensemble, vocab: Vocabulary, sentences: Sequence[str],
+                  ids: Sequence[Sequence[int]], outputs: dict[int, list[list[int]]], lead: int, layer: int,
+                  device: torch.device, batch_tokens: int, amp: torch.dtype | None,
+                  should_stop: StopCheck | None) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """The word alignment of each output (outputs[i][k]: the k-th of source i's, whatever search wrote it)
+    from one forced-decoding pass over them, by (i, k). `ids`: the sources as the model read them, `lead`
+    tokens first that are no word (a language token); `layer`: the decoder layer whose cross-attention,
+    averaged over heads, links them (ConfigError for one the model lacks). should_stop is asked before
+    each batch of the pass."""
+    layers = model.config.decoder_layers
+    if not -layers <= layer < layers:
+        raise ConfigError(f"decoding.alignment_layer={layer} is out of range; this model has {layers} "
+                          f"decoder layers ({-layers} to {layers - 1})")
+    pairs = [(i, k) for i, outs in outputs.items() for k in range(len(outs))]
+    attention = forced_attention(model, [ids[i] for i, _ in pairs], [outputs[i][k] for i, k in pairs], device,
+                                 batch_tokens, layer, amp, should_stop)
+    found = {}
+    for (i, k), weights in zip(pairs, attention, strict=True):
+        src = [None] * lead + source_words(vocab.src, sentences[i].strip(), len(ids[i]) - lead)
+        found[i, k] = word_alignment(weights, src, target_words(vocab.tgt, outputs[i][k]))
+    return found

@@ -27,7 +27,7 @@ from transformer_mt.checkpoints.store import model_from_checkpoint, word_list
 from transformer_mt.config import DecodingConfig, DeviceConfig
 from transformer_mt.data.text_variants import CASES, one_case, sentence_case
 from transformer_mt.data.tokenizer import Vocabulary
-from transformer_mt.decoding.alignment import source_words, target_words, word_alignment
+from transformer_mt.decoding.alignment import align_outputs
 from transformer_mt.decoding.confidence import (
     Rater,
     WordConfidences,
@@ -335,35 +335,18 @@ class Translator(TextTranslator):
         if decoding.alignment:
             outputs = {i: [h.tokens for h in nbest][:aligned] for i, nbest in zip(real, hyps)}
             lead = int(self.language_id(tgt_lang) is not None)
-            self._align(sentences, ids, results, outputs, decoding, lead, should_stop)
+            for i, nbest in enumerate(results):  # an empty source's translation (its prefix): no links
+                for t in nbest[:len(outputs.get(i, nbest))]:
+                    t.alignment = []
+            layer, budget = decoding.alignment_layer, decoding.batch_tokens_on(self.device)
+            found = align_outputs(self.model, self.vocab, sentences, ids, outputs, lead, layer, self.device,
+                                  budget, self.precision.dtype, should_stop)
+            for (i, k), links in found.items():
+                results[i][k].alignment = links
         for i, nbest in enumerate(results if terms is not None else []):
             for t in nbest:
                 t.terms = terms_used(terms[i], refused[i], t.text)  # type: ignore[index]
         return results
-
-    def _align(self, sentences: list[str], ids: list[list[int]], results: list[list[Translation]],
-               outputs: dict[int, list[list[int]]], decoding: DecodingConfig, lead: int,
-               should_stop: StopCheck | None) -> None:
-        """Set the word alignment of each translation in `outputs` from one forced-decoding pass over it
-        (whatever search produced it; the rest of each list gets none); an empty source has no words,
-        and its translation (its prefix) no links. `lead`: the sources' language token, no word of
-        theirs. should_stop is asked before each batch of the pass."""
-        layers = self.model.config.decoder_layers
-        if not -layers <= decoding.alignment_layer < layers:
-            raise ConfigError(f"decoding.alignment_layer={decoding.alignment_layer} is out of range; this "
-                              f"model has {layers} decoder layers ({-layers} to {layers - 1})")
-        for i, nbest in enumerate(results):
-            for t in nbest[:len(outputs.get(i, nbest))]:
-                t.alignment = []
-        pairs = [(i, k) for i, outs in outputs.items() for k in range(len(outs))]
-        attention = forced_attention(self.model, [ids[i] for i, _ in pairs],
-                                     [outputs[i][k] for i, k in pairs], self.device,
-                                     decoding.batch_tokens_on(self.device), decoding.alignment_layer,
-                                     self.precision.dtype, should_stop)
-        for (i, k), weights in zip(pairs, attention, strict=True):
-            src = [None] * lead + source_words(self.vocab.src, sentences[i].strip(), len(ids[i]) - lead)
-            tgt = target_words(self.vocab.tgt, outputs[i][k])
-            results[i][k].alignment = word_alignment(weights, src, tgt)
 
     def score(self, sources: list[str], targets: list[str], batch_tokens: int | None = None,
               tgt_lang: str | None = None) -> list[PairScore]:
