@@ -125,18 +125,7 @@ def evaluate(cfg: EvaluateConfig) -> float:
     if not members:  # an ensemble is no one checkpoint's step
         step = int(engine.info.get("step") or 0)
         _log_tensorboard(checkpoint.parent, f"eval_{name}_{search}", scores, step)
-    print(f"{name} ({len(sources)} sentences, {search}): BLEU {scores.bleu:.2f}  chrF {scores.chrf:.2f}"
-          f"  CER {scores.cer:.4f}  WER {scores.wer:.4f}")
-    print(f"  BLEU signature: {scores.bleu_signature}")
-    print(f"  chrF signature: {scores.chrf_signature}")
-    print(f"  speed: {report['sentences_per_s']:.1f} sentences/s, {report['tokens_per_s']:.0f} tokens/s"
-          f" on {engine.device} ({engine.precision})")
-    if confidence is not None:
-        print("\n".join(confidence_report.lines(confidence)))
-    if glossary is not None:
-        terms = report["glossary"]
-        print(f"  glossary: {terms['terms']} terms in the sources, {terms['met']} in their translation, "
-              f"{terms['refused']} refused, {terms['missing']} missing")
+    _print_scores(f"{name} ({len(sources)} sentences, {search})", scores, report, engine)
     if cfg.robustness:
         print(f"input as people type it (seed {cfg.seed}):")
         print(robustness.table(rows))
@@ -148,6 +137,22 @@ def evaluate(cfg: EvaluateConfig) -> float:
         print(f"  {docs.summary()}")
     print(f"  wrote {out_dir / (stem + '.hyp.txt')} and {stem}.json")
     return scores.bleu
+
+
+def _print_scores(title: str, scores: Scores, report: dict[str, Any], engine: Translator) -> None:
+    """The report's scores, speed, confidence and glossary lines."""
+    print(f"{title}: BLEU {scores.bleu:.2f}  chrF {scores.chrf:.2f}  CER {scores.cer:.4f}"
+          f"  WER {scores.wer:.4f}")
+    print(f"  BLEU signature: {scores.bleu_signature}")
+    print(f"  chrF signature: {scores.chrf_signature}")
+    print(f"  speed: {report['sentences_per_s']:.1f} sentences/s, {report['tokens_per_s']:.0f} tokens/s"
+          f" on {engine.device} ({engine.precision})")
+    if "confidence" in report:
+        print("\n".join(confidence_report.lines(report["confidence"])))
+    if "glossary" in report:
+        terms = report["glossary"]
+        print(f"  glossary: {terms['terms']} terms in the sources, {terms['met']} in their translation, "
+              f"{terms['refused']} refused, {terms['missing']} missing")
 
 
 def _translated(engine: Translator, sources: list[str]) -> tuple[list[Translation], float, float]:
