@@ -173,6 +173,18 @@ def _overlap(text: str, a: str, b: str) -> bool:
     return not (ia + len(a) <= ib or ib + len(b) <= ia)
 
 
+def test_terms(engine: Translator, sources: list[str], references: list[str], one: int, two: int,
+               seed: int) -> dict[int, list[Entry]]:
+    """Steps 1 and 2 of the module docstring: the chosen test sentences' terms, by sentence index."""
+    train_src, train_tgt = load_pairs(DatasetConfig(**engine.info["config"]["dataset"]), "train")
+    sides = (train_src[:ALIGN_PAIRS], train_tgt[:ALIGN_PAIRS])
+    links = align(list(sources) + sides[0], list(references) + sides[1])[:len(sources)]
+    counts = [collections.Counter(w.lower() for t in side for w in words(t)) for side in sides]
+    common = [{w for w, _ in c.most_common(COMMON)} for c in counts]
+    cased = collections.Counter(w for side in sides for t in side for w in words(t))
+    return choose(candidate_terms(sources, references, links, *common, cased), sources, one, two, seed)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run")
@@ -187,15 +199,7 @@ def main() -> None:
     engine = Translator.from_checkpoint(args.run, device="cpu")
     run_dir = Path(engine.info["checkpoint"]).parent
     sources, references = load_split_tsv(run_dir / SPLIT_DIR / "test.tsv")
-    train_src, train_tgt = load_pairs(DatasetConfig(**engine.info["config"]["dataset"]), "train")
-    train_src, train_tgt = train_src[:ALIGN_PAIRS], train_tgt[:ALIGN_PAIRS]
-    links = align(list(sources) + train_src, list(references) + train_tgt)[:len(sources)]
-    sides = (train_src, train_tgt)
-    counts = [collections.Counter(w.lower() for t in side for w in words(t)) for side in sides]
-    common = [{w for w, _ in c.most_common(COMMON)} for c in counts]
-    cased = collections.Counter(w for side in (train_src, train_tgt) for t in side for w in words(t))
-    candidates = candidate_terms(sources, references, links, *common, cased)
-    chosen = choose(candidates, sources, args.one, args.two, args.seed)
+    chosen = test_terms(engine, sources, references, args.one, args.two, args.seed)
     picked = sorted(chosen)
     texts, refs = [sources[i] for i in picked], [references[i] for i in picked]
     terms = [chosen[i] for i in picked]
