@@ -32,6 +32,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "engine": ("pytorch", "ctranslate2"),
     "decoding.input_case": ("fold", "model"),
     "decoding.low_confidence": ("mark", "withhold"),
+    "decoding.quantize": ("none", "int8"),
     "format": ("ct2", "hf", "onnx", "web"),
     "input_format": ("text", "tsv"),
     "document.format": ("auto", "text", "markdown", "html", "srt"),
@@ -230,6 +231,25 @@ def _train_relations(cfg: commands.TrainConfig) -> list[str]:
 
 GLOSSARY_ON_CT2 = ("decoding.glossary runs on engine=pytorch: CTranslate2 has no lexical constraints (it "
                    "forces prefixes only)")
+QUANTIZE_ON_CT2 = ("decoding.quantize=int8 runs on engine=pytorch; CTranslate2 computes in the type its "
+                   "export chose (`transformer-mt export quantization=int8`, the default): drop "
+                   "decoding.quantize")
+
+
+def int8_problems(quantize: str, amp: str, device: str) -> list[str]:
+    """What decoding.quantize=int8 cannot run with: a device other than the CPU (`auto` passes here and is
+    checked once it is resolved: runtime/quantize.py), or autocast to bf16/fp16 (the int8 kernels take
+    float32 input)."""
+    if quantize != "int8":
+        return []
+    found = []
+    if device not in ("auto", "cpu"):
+        found.append(f"decoding.quantize=int8 runs on the CPU (PyTorch's int8 kernels are CPU kernels), not "
+                     f"on {device}: set device=cpu, or decoding.quantize=none")
+    if amp in ("bf16", "fp16"):
+        found.append(f"decoding.quantize=int8 runs the layers around its int8 kernels in float32, not "
+                     f"device.amp={amp}: drop device.amp (auto), or set decoding.quantize=none")
+    return found
 _CHECKPOINT = "checkpoint= is required: a .pt file or a run directory under saved_weights/"
 
 
@@ -241,6 +261,10 @@ def _engine_relations(cfg: commands.EngineConfig) -> list[str]:
         found.append("decoding.alignment=true runs on engine=pytorch (it reads the model's cross-attention)")
     if cfg.engine == "ctranslate2" and cfg.decoding.glossary:
         found.append(GLOSSARY_ON_CT2)
+    if cfg.engine == "ctranslate2" and cfg.decoding.quantize != "none":
+        found.append(QUANTIZE_ON_CT2)
+    elif cfg.engine == "pytorch":
+        found += int8_problems(cfg.decoding.quantize, cfg.device.amp, cfg.device.name)
     return found
 
 
@@ -276,6 +300,7 @@ def _needs_checkpoint(cfg: commands.EvaluateConfig | commands.ExportConfig | com
 
 def _evaluate_relations(cfg: commands.EvaluateConfig) -> list[str]:
     found = output_problems("output_dir", cfg.output_dir, directory=True)
+    found += int8_problems(cfg.decoding.quantize, cfg.device.amp, cfg.device.name)
     if cfg.decoding.alignment:
         found.append("decoding.alignment=true is for translate and serve; evaluate scores the translations "
                      "alone")

@@ -296,6 +296,9 @@ class DecodingConfig(SearchConfig):
     # A UTF-8 TSV file `source term<TAB>target term` a line: where a source term occurs, its target term is
     # in the translation (hard constraints of beam and greedy search; docs/decoding.md)
     glossary: str | None = None
+    # int8: the model's linear layers with int8 weights and inputs quantized as they come, float32 around
+    # them, on the CPU (runtime/quantize.py; docs/decoding.md#int8) | none. Chosen when the engine loads
+    quantize: str = "none"
 
 
 @dataclass

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from transformer_mt.config import DecodingConfig
-from transformer_mt.config.checks import GLOSSARY_ON_CT2
+from transformer_mt.config.checks import GLOSSARY_ON_CT2, QUANTIZE_ON_CT2
 from transformer_mt.data.tokenizer import BOS_ID, EOS, EOS_ID, PAD_ID, UNK_ID, Vocabulary
 from transformer_mt.decoding.confidence import Rater, read_calibration
 from transformer_mt.decoding.glossary import Entry, Glossary
@@ -82,6 +82,8 @@ class CT2Translator(TextTranslator):
         request for all sentences (larger batches), <pad>/<bos> masked up front, the longest
         sentence's length limit for all, and no re-scoring of hypotheses cut at the limit.
         """
+        if decoding is not None and decoding.quantize != "none":
+            raise ConfigError(QUANTIZE_ON_CT2)
         ct2 = ctranslate2_module()
         path = Path(model_dir).expanduser()
         if not (path / META_FILE).is_file() or not ct2.contains_model(str(path)):

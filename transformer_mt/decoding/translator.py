@@ -43,7 +43,8 @@ from transformer_mt.decoding.scoring import PairScore, forced_attention, score_p
 from transformer_mt.decoding.search import StopCheck
 from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.model import Ensemble, Transformer
-from transformer_mt.runtime.device import Precision, precision, select_device
+from transformer_mt.runtime.device import Precision, select_device
+from transformer_mt.runtime.quantize import decoding_precision, quantized
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +185,10 @@ class TextTranslator(GlossaryUser):
     def decoding_options(self, **overrides: Any) -> DecodingConfig:
         """This engine's decoding settings with the given (non-None) options, validated."""
         given = {k: v for k, v in overrides.items() if v is not None}
+        if given.get("quantize", self.decoding.quantize) != self.decoding.quantize:
+            raise ConfigError(f"decoding.quantize={given['quantize']}: an engine's precision is chosen when "
+                              "it loads (decoding.quantize, Translator.from_checkpoint's decoding=), not per "
+                              "call")
         decoding = dataclasses.replace(self.decoding, **given)
         if "beam_size" in given and "n_best" not in given:
             decoding.n_best = min(decoding.n_best, decoding.beam_size)
@@ -257,7 +262,8 @@ class Translator(TextTranslator):
                         amp: str = "auto", tgt_lang: str | None = None) -> Translator:
         """Rebuild model and tokenizer from a checkpoint file or run directory (its best checkpoint);
         several, comma-separated, decode as an ensemble. `amp` as device.amp (auto: bf16 on a CPU with
-        native bf16); `tgt_lang` the language to translate into (None: the run's dataset.tgt_lang)."""
+        native bf16); decoding.quantize=int8 decodes with an int8 copy of the model (runtime/quantize.py);
+        `tgt_lang` the language to translate into (None: the run's dataset.tgt_lang)."""
         loaded = [model_from_checkpoint(p) for p in str(path).split(",") if p.strip()]
         if not loaded:
             raise ConfigError(f"checkpoint={path} names no checkpoint")
@@ -272,8 +278,9 @@ class Translator(TextTranslator):
         if len(loaded) > 1:
             model = Ensemble([m for _, _, m, _ in loaded])
             info["ensemble"] = [str(f) for f, _, _, _ in loaded]
-        chosen = precision(DeviceConfig(name=target.type, amp=amp), target, training=False)
-        engine = cls(model, vocab, target, decoding, max_input_tokens, info, chosen,
+        chosen = decoding_precision(decoding.quantize if decoding else "none", amp, target)
+        runs = quantized(model) if chosen.int8 else model  # `model` stays float: its fingerprint below
+        engine = cls(runs, vocab, target, decoding, max_input_tokens, info, chosen,
                      info["config"].get("dataset", {}).get("tgt_lang"))
         engine.language_id(tgt_lang)  # a language the model lacks: one line now, not at the first sentence
         engine.tgt_lang = tgt_lang or engine.tgt_lang

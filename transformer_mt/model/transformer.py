@@ -336,10 +336,12 @@ class Transformer(nn.Module):
         (D, V) copy of the weight, made at a search's first step and kept in its cache: the CPU's
         matrix kernels are faster on that layout than on the (V, D) one training updates, and under
         autocast the copy is already in the autocast dtype. A cache lives for one search, so the copy
-        never outlives the weights it was taken from."""
-        w = self.output_projection.weight
-        if cache is None or torch.is_grad_enabled() or w.device.type != "cpu":
+        never outlives the weights it was taken from. A projection swapped for another kind of module (an
+        int8 one, runtime/quantize.py) keeps its weight packed for its own kernel: it is called as it is."""
+        if (cache is None or torch.is_grad_enabled() or not isinstance(self.output_projection, nn.Linear)
+                or self.output_projection.weight.device.type != "cpu"):
             return self.output_projection(h)
+        w = self.output_projection.weight
         if cache.output_weight is None:
             dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else w.dtype
             cache.output_weight = w.detach().t().contiguous().to(dtype)  # (D, V)

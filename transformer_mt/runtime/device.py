@@ -76,8 +76,11 @@ class Precision:
 
     dtype: torch.dtype | None
     reason: str
+    int8: bool = False  # the linear layers in int8, the rest in float32 (runtime/quantize.py)
 
     def __str__(self) -> str:
+        if self.int8:
+            return f"int8 linear layers, float32 elsewhere ({self.reason})"
         return f"amp {'off' if self.dtype is None else _NAMES[self.dtype]} ({self.reason})"
 
 
