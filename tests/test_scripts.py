@@ -149,8 +149,10 @@ def test_benchmark_decoding(script, tiny_run: Path, tmp_path: Path) -> None:
     r = json.loads(out.read_text())
     assert r["sentences"] == 8 and r["rounds"] == 1
     for key in ("greedy_nocache_sent_s", "greedy_cache_sent_s", "beam5_sent_s", "cache_speedup",
-                "beam5_cost_vs_greedy"):
+                "beam5_cost_vs_greedy", "greedy_cache_int8_sent_s", "beam5_int8_sent_s"):
         assert r[key] > 0, key
+    if importlib.util.find_spec("ctranslate2"):  # the ct2 extra: CTranslate2 int8 in the same rounds
+        assert r["ct2_int8_beam5_sent_s"] > 0 and r["int8_beam5_vs_ct2_int8"] > 0
 
 
 def test_benchmark_documents(script, tiny_run: Path, tmp_path: Path) -> None:

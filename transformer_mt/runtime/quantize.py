@@ -56,8 +56,8 @@ def decoding_precision(quantize: str, amp: str, device: torch.device) -> Precisi
     if problems:
         raise ConfigError(problems[0])
     engine = int8_engine()
-    return Precision(None, f"decoding.quantize=int8 on torch's {engine} engine; device.amp={amp}: float32 "
-                     "around the int8 kernels, which take float32 input", int8=True)
+    return Precision(None, f"decoding.quantize=int8 on torch's {engine} engine; device.amp={amp} gives "
+                     "float32, the int8 kernels' input", int8=True)
 
 
 def quantized(model: nn.Module) -> nn.Module:
