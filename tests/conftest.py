@@ -4,6 +4,7 @@ a user would (a subprocess)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import io
 import logging
@@ -183,6 +184,21 @@ def fitted_model(fit_pairs: tuple[list[str], list[str]],
         shutil.copy(trained / "best.pt", folder / "best.pt")
         return folder
 
+    return fitted
+
+
+def as_teacher(fitted: Path, split_from: Path) -> Path:
+    """A fitted model's folder (fitted_model) made a run a student can be distilled from (distill.teacher):
+    its checkpoint given the config a run records (its languages, its tokenizer's settings) and the split
+    files of the run whose data the student reads (the teacher's held-out pairs must be the student's)."""
+    from transformer_mt.checkpoints.store import load_checkpoint, save_checkpoint
+    from transformer_mt.config import TokenizerConfig
+
+    state = load_checkpoint(fitted / "best.pt")
+    tokenizer = TokenizerConfig(kind="bpe", vocab_size=500, min_frequency=2)  # as fitted_checkpoint's
+    state["config"] = {"dataset": {"src_lang": "en", "tgt_lang": "fr"}, "tokenizer": dataclasses.asdict(tokenizer)}
+    save_checkpoint(state, fitted / "best.pt")
+    shutil.copytree(split_from / "split", fitted / "split", dirs_exist_ok=True)
     return fitted
 
 

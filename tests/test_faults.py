@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import transformer_mt as tmt
-from tests.conftest import ROOT, run_cli, smoke_overrides, tiny_overrides, wait_until
+from tests.conftest import ROOT, as_teacher, run_cli, smoke_overrides, tiny_overrides, wait_until
 from transformer_mt.checkpoints.store import TRAINED, CheckpointError, load_checkpoint, load_latest_good
 
 FAULT_RUN = {"training.save_every_steps": 1, "training.log_every": 1, "dataset.max_pairs": 400,
@@ -85,6 +85,20 @@ def finetuned_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path, refere
     return run_dir
 
 
+@pytest.fixture(scope="module")
+def teacher(fitted_model, reference_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A teacher of the runs' data (their split) that writes real words."""
+    return as_teacher(fitted_model("marian", tmp_path_factory.mktemp("faults") / "teacher"), reference_run)
+
+
+@pytest.fixture(scope="module")
+def distilled_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path, teacher: Path) -> Path:
+    """The same run distilled (distill.teacher=): the teacher's tokenizer and translations."""
+    run_dir = tmp_path_factory.mktemp("faults") / "distilled"
+    tmt.train(tiny_overrides(corpus, run_dir, **UNINTERRUPTED, **{"distill.teacher": teacher}))
+    return run_dir
+
+
 def test_kill_9_then_resume_is_bit_exact(regularised_run: Path, corpus: Path, tmp_path: Path,
                                          caplog: pytest.LogCaptureFixture) -> None:
     """Killed in its second epoch and resumed in this process, a run with a weight average (EMA) and
@@ -112,7 +126,8 @@ def test_kill_9_then_resume_is_bit_exact(regularised_run: Path, corpus: Path, tm
             assert torch.equal(expected[key][name], got[key][name]), f"{key}.{name} differs after resume"
 
 
-@pytest.mark.parametrize(("kill_after_step", "variant"), [(3, "plain"), (14, "planned"), (14, "finetuned")])
+@pytest.mark.parametrize(("kill_after_step", "variant"), [(3, "plain"), (14, "planned"), (14, "finetuned"),
+                                                       (14, "distilled")])
 def test_kill_9_then_resume_on_the_command_line_is_bit_exact(request: pytest.FixtureRequest, corpus: Path,
                                                              tmp_path: Path, kill_after_step: int,
                                                              variant: str, run_cli_here) -> None:
@@ -124,6 +139,8 @@ def test_kill_9_then_resume_on_the_command_line_is_bit_exact(request: pytest.Fix
     extra = {**FAULT_RUN, **PLANNED} if variant == "planned" else dict(FAULT_RUN)
     if variant == "finetuned":
         extra["init"] = request.getfixturevalue("reference_run")
+    if variant == "distilled":
+        extra["distill.teacher"] = request.getfixturevalue("teacher")
     run_dir = tmp_path / "killed"
     proc = _start(["train", *tiny_overrides(corpus, run_dir, **extra)], tmp_path / "first.log")
     _wait_for(tmp_path / "first.log", f"step {kill_after_step})", proc)
