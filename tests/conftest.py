@@ -196,7 +196,8 @@ def as_teacher(fitted: Path, split_from: Path) -> Path:
 
     state = load_checkpoint(fitted / "best.pt")
     tokenizer = TokenizerConfig(kind="bpe", vocab_size=500, min_frequency=2)  # as fitted_checkpoint's
-    state["config"] = {"dataset": {"src_lang": "en", "tgt_lang": "fr"}, "tokenizer": dataclasses.asdict(tokenizer)}
+    state["config"] = {"dataset": {"src_lang": "en", "tgt_lang": "fr"},
+                       "tokenizer": dataclasses.asdict(tokenizer)}
     save_checkpoint(state, fitted / "best.pt")
     shutil.copytree(split_from / "split", fitted / "split", dirs_exist_ok=True)
     return fitted

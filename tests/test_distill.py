@@ -25,7 +25,7 @@ BEAM = DecodingConfig(beam_size=5, confidence=False, batch_tokens=300)
 
 @pytest.fixture(scope="module")
 def teacher(fitted_model, tiny_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A model that writes real words, as a run with tiny_run's split (the student's data: the real corpus)."""
+    """A model that writes real words, as a run with tiny_run's split (the students read the real corpus)."""
     return as_teacher(fitted_model("marian", tmp_path_factory.mktemp("distill") / "teacher"), tiny_run)
 
 
@@ -62,9 +62,9 @@ def test_chunked_translations_are_the_teachers_one_by_one(engine: Translator, te
     assert written == [engine.translate(text, beam_size=5) for text in texts]
 
 
-def test_a_killed_translation_resumes_without_translating_a_chunk_twice(engine: Translator, teacher: Path,
-                                                                        tiny_run: Path, tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_killed_translation_resumes_without_translating_a_chunk_twice(
+        engine: Translator, teacher: Path, tiny_run: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Stopped in its third chunk (as by kill -9: the chunk being translated is lost, the finished ones are
     on disk), the translation goes on from there: every source is translated once, and the result is the
     uninterrupted one's."""
@@ -81,11 +81,13 @@ def test_a_killed_translation_resumes_without_translating_a_chunk_twice(engine: 
     monkeypatch.setattr(distill, "decode_ids", dies_in_third_chunk)
     with pytest.raises(KeyboardInterrupt):
         translate_sources(Teacher([teacher], engine), sources, BEAM, tmp_path / "killed", 16, False)
-    assert sorted(p.name for p in (tmp_path / "killed").glob("chunk_*")) == ["chunk_000000.npz", "chunk_000001.npz"]
+    saved = sorted(p.name for p in (tmp_path / "killed").glob("chunk_*"))
+    assert saved == ["chunk_000000.npz", "chunk_000001.npz"]
     decoded.clear()
     monkeypatch.setattr(distill, "decode_ids", lambda model, ids, *a, **k: decoded.append(len(ids)) or real(
         model, ids, *a, **k))
-    again, report = translate_sources(Teacher([teacher], engine), sources, BEAM, tmp_path / "killed", 16, False)
+    again, report = translate_sources(Teacher([teacher], engine), sources, BEAM, tmp_path / "killed", 16,
+                                      False)
     assert decoded == [16, 2] and report["chunks_cached"] == 2  # chunks 2 and 3 only
     assert again.tolist() == whole.tolist()
 
@@ -135,8 +137,8 @@ def test_a_second_student_reads_the_cache(student: Path, teacher: Path, corpus: 
     """Another student of the same teacher and corpus (another seed) translates nothing."""
     with caplog.at_level("INFO"):
         tmt.train(tiny_overrides(corpus, tmp_path / "again", **{
-            "dataset.path": corpus, "training.epochs": 1, "distill.teacher": teacher, "distill.chunk_pairs": 64,
-            "device.amp": "off", "seed": 2, "training.calibration_sentences": 0}))
+            "dataset.path": corpus, "training.epochs": 1, "distill.teacher": teacher,
+            "distill.chunk_pairs": 64, "device.amp": "off", "seed": 2, "training.calibration_sentences": 0}))
     report = json.loads((tmp_path / "again" / "split" / "train_summary.json").read_text())["distillation"]
     assert report["translated"] == 0 and report["chunks_cached"] == report["chunks"]
     assert "the teacher translated" not in caplog.text

@@ -68,8 +68,8 @@ def _with_teacher(overrides: Sequence[str]) -> list[str]:
     state = finetune.load_parent(teachers[0], mmap=True)[1]
     problems = finetune.group_contradictions(state, overrides, ("tokenizer",))
     if problems:
-        raise ConfigError(f"distill.teacher={given[-1]}: {'; '.join(problems)}; a student keeps its teacher's "
-                          "tokenizer: drop that choice")
+        raise ConfigError(f"distill.teacher={given[-1]}: {'; '.join(problems)}; a student keeps its "
+                          "teacher's tokenizer: drop that choice")
     return [*finetune.parent_overrides(state, ("tokenizer",)), *overrides]
 
 

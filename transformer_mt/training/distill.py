@@ -76,8 +76,8 @@ def load_teacher(cfg: TrainConfig, device: torch.device) -> Teacher:
     pair = (cfg.dataset.src_lang, cfg.dataset.tgt_lang)
     if (saved_data.get("src_lang"), saved_data.get("tgt_lang")) != pair:
         raise ConfigError(f"distill.teacher={teacher} translates {saved_data.get('src_lang')}->"
-                          f"{saved_data.get('tgt_lang')}, this run is {'->'.join(pair)}; distill a teacher of "
-                          "the run's language pair")
+                          f"{saved_data.get('tgt_lang')}, this run is {'->'.join(pair)}; distill a teacher "
+                          "of the run's language pair")
     log.info("distillation: teacher %s (%s on %s)", ", ".join(map(str, paths)), engine.precision, device)
     return Teacher(paths, engine)
 
@@ -93,10 +93,10 @@ def check_held_out(teacher: Teacher, run_dir: Path) -> None:
             continue
         for name in HELD_OUT:
             if (theirs / name).read_bytes() != (run_dir / SPLIT_DIR / name).read_bytes():
-                raise DataError(f"this run's {SPLIT_DIR}/{name} differs from the teacher's ({theirs / name}): the "
-                                "teacher may have trained on the student's held-out pairs; distill with the "
-                                "teacher's dataset settings (dataset, its split_seed, valid_size, test_size, "
-                                "max_pairs)")
+                raise DataError(f"this run's {SPLIT_DIR}/{name} differs from the teacher's "
+                                f"({theirs / name}): the teacher may have trained on the student's held-out "
+                                "pairs; distill with the teacher's dataset settings (dataset, its "
+                                "split_seed, valid_size, test_size, max_pairs)")
 
 
 def teacher_search(cfg: TrainConfig) -> DecodingConfig:
@@ -139,39 +139,47 @@ def translate_sources(teacher: Teacher, sources: Ragged, search: DecodingConfig,
     """The teacher's best translation (token ids) of every source, chunk by chunk: chunks already in
     `directory` are read, the others translated and saved. A source the teacher cannot take (longer than
     its positions) gets an empty translation. Returns them and what was done (chunks, seconds)."""
-    engine, n = teacher.engine, len(sources)
+    n = len(sources)
     chunks = math.ceil(n / chunk_pairs)
-    done = [k for k in range(chunks) if (directory / f"chunk_{k:06d}.npz").is_file()]
-    longest = engine.model.config.max_positions - 1  # its eos takes a position
+    path = [directory / f"chunk_{k:06d}.npz" for k in range(chunks)]
+    done = sum(p.is_file() for p in path)
     started, translated = time.perf_counter(), 0
-    bar = tqdm(total=n, initial=min(n, len(done) * chunk_pairs), unit="sentence", desc="teacher",
+    bar = tqdm(total=n, initial=min(n, done * chunk_pairs), unit="sentence", desc="teacher",
                disable=not progress, dynamic_ncols=True)
     if done:
-        log.info("distillation: %d of %d chunks already translated in %s", len(done), chunks, directory)
-    missing = sorted(set(range(chunks)) - set(done))
-    for step, k in enumerate(missing, 1):
-        rows = sources[k * chunk_pairs:(k + 1) * chunk_pairs].tolist()
-        fits = [i for i, ids in enumerate(rows) if len(ids) <= longest]
-        outputs: list[list[int]] = [[] for _ in rows]
-        found = decode_ids(engine.model, [rows[i] for i in fits], search, engine.device,
-                           amp=engine.precision.dtype)
-        for i, hyps in zip(fits, found):
-            outputs[i] = hyps[0].tokens
-        _save_chunk(directory / f"chunk_{k:06d}.npz", outputs)
-        translated += len(rows)
-        bar.update(len(rows))
-        rate = translated / (time.perf_counter() - started)
-        left = (len(missing) - step) * chunk_pairs / rate
-        log.info("distillation: chunk %d of %d translated (%.1f sentences/s; %.0f s to go)", k + 1, chunks, rate,
-                 max(left, 0))
+        log.info("distillation: %d of %d chunks already translated in %s", done, chunks, directory)
+    outputs = []
+    for k in range(chunks):
+        if not path[k].is_file():  # (also one removed since the run started)
+            rows = sources[k * chunk_pairs:(k + 1) * chunk_pairs]
+            _save_chunk(path[k], _translate(teacher, rows.tolist(), search))
+            translated += len(rows)
+            bar.update(len(rows))
+            rate = translated / (time.perf_counter() - started)
+            left = sum(not p.is_file() for p in path[k:]) * chunk_pairs / rate
+            log.info("distillation: chunk %d of %d translated (%.1f sentences/s; %.0f s to go)", k + 1,
+                     chunks, rate, left)
+        outputs.append(_load_chunk(path[k]))
     bar.close()
     seconds = time.perf_counter() - started
     if translated:
         log.info("distillation: the teacher translated %d sources in %.0fs (%.1f sentences/s)", translated,
                  seconds, translated / seconds)
-    outputs = Ragged.concat([_load_chunk(directory / f"chunk_{k:06d}.npz") for k in range(chunks)])
-    return outputs, {"chunks": chunks, "chunks_cached": len(done), "translated": translated,
-                     "seconds": round(seconds, 1)}
+    return Ragged.concat(outputs), {"chunks": chunks, "chunks_cached": done, "translated": translated,
+                                    "seconds": round(seconds, 1)}
+
+
+def _translate(teacher: Teacher, rows: list[list[int]], search: DecodingConfig) -> list[list[int]]:
+    """The teacher's best translation of each source; an empty one where the source is longer than its
+    positions (its eos takes one)."""
+    engine = teacher.engine
+    fits = [i for i, ids in enumerate(rows) if len(ids) < engine.model.config.max_positions]
+    outputs: list[list[int]] = [[] for _ in rows]
+    found = decode_ids(engine.model, [rows[i] for i in fits], search, engine.device,
+                       amp=engine.precision.dtype)
+    for i, hyps in zip(fits, found):
+        outputs[i] = hyps[0].tokens
+    return outputs
 
 
 def _with_targets(data: PreparedData, outputs: Ragged, min_len: int, max_len: int,

@@ -17,10 +17,10 @@ from transformer_mt.checkpoints import store as ckpt
 from transformer_mt.config import TrainConfig
 from transformer_mt.data import PreparedData, words
 from transformer_mt.data.tokenizer import Vocabulary
+from transformer_mt.errors import ConfigError
 from transformer_mt.runtime.device import Precision, configure_threads, precision, select_device
 from transformer_mt.runtime.files import check_writable
 from transformer_mt.runtime.rng import seed_everything
-from transformer_mt.errors import ConfigError
 from transformer_mt.training import distill, distributed, finetune
 
 log = logging.getLogger(__name__)
