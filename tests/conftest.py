@@ -310,6 +310,30 @@ def run_cli(*args: str, input: str | None = None, timeout: int = 300) -> subproc
                           input=input, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+def start_cli(args: list[str], log_file: Path) -> subprocess.Popen:
+    """`python -m transformer_mt <args>` started as a user would, its output into log_file (to kill it)."""
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "transformer_mt", *args], cwd=ROOT, env=env,
+                            stdout=log_file.open("w"), stderr=subprocess.STDOUT)
+
+
+def wait_for_log(log_file: Path, text: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Until the run logs `text` (then the caller signals it at once, before it trains much further)."""
+
+    def seen() -> bool:
+        if text in log_file.read_text(errors="replace"):
+            return True
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended before '{text}':\n{log_file.read_text()[-2000:]}")
+        return False
+
+    try:
+        wait_until(seen, f"'{text}' in the run's log", timeout)
+    except AssertionError:
+        proc.kill()
+        raise
+
+
 @pytest.fixture
 def run_cli_here(monkeypatch: pytest.MonkeyPatch,
                  capsys: pytest.CaptureFixture[str]) -> Callable[..., subprocess.CompletedProcess]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 import transformer_mt as tmt
-from tests.conftest import as_teacher, tiny_overrides
+from tests.conftest import as_teacher, run_cli, start_cli, tiny_overrides, wait_for_log
 from transformer_mt.checkpoints.store import load_checkpoint
 from transformer_mt.config import DecodingConfig
 from transformer_mt.data import EncodedSplit, PreparedData, Ragged, load_split_tsv
@@ -176,3 +177,33 @@ def test_teacher_weights_decide_the_cache(engine: Translator, teacher: Path, tin
             assert distill.chunk_directory(cfg, Teacher([teacher], engine), sources, BEAM) != first
         finally:
             bias -= 1.0
+
+
+def test_kill_9_while_the_teacher_translates_then_again(teacher: Path, student: Path, corpus: Path,
+                                                         tmp_path: Path) -> None:
+    """As a user would: a run killed (SIGKILL) while its teacher translates, started again with the same
+    command, translates only the chunks the killed one had not saved, and its training targets are the
+    uninterrupted student's."""
+    cache = tmp_path / "cache"
+    overrides = tiny_overrides(corpus, tmp_path / "run", **{
+        "dataset.path": corpus, "dataset.cache_dir": cache, "training.epochs": 1, "distill.teacher": teacher,
+        "distill.chunk_pairs": 8, "device.amp": "off", "training.calibration_sentences": 0})
+    log_file = tmp_path / "first.log"
+    proc = start_cli(["train", *overrides], log_file)
+    wait_for_log(log_file, "chunk 3 of", proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    [folder] = (cache / "distilled").iterdir()
+    saved = len(list(folder.glob("chunk_*.npz")))
+    assert 3 <= saved < 60, "the teacher finished before it was killed"
+    assert not list(folder.glob(".*")), "a chunk half written was left behind"
+    result = run_cli("train", *overrides, "checkpoint.overwrite=true")
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "run" / "split" / "train_summary.json").read_text())["distillation"]
+    uninterrupted = json.loads((student / "split" / "train_summary.json").read_text())["distillation"]
+    pairs = uninterrupted["translated"]  # the training sources
+    assert report["chunks"] == math.ceil(pairs / 8) and report["chunks_cached"] == saved
+    assert report["translated"] == pairs - 8 * saved  # none twice (the last chunk, unsaved, may be short)
+    again = [distill._load_chunk(p) for p in sorted(folder.glob("chunk_*.npz"))]
+    whole = [distill._load_chunk(p) for p in sorted(Path(uninterrupted["cache"]).glob("chunk_*.npz"))]
+    assert Ragged.concat(again).tolist() == Ragged.concat(whole).tolist()
