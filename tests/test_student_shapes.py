@@ -30,13 +30,14 @@ from transformer_mt.training.throughput import forward_flops
 PAD, V = 0, 40
 
 
-def test_the_deepest_decoder_at_the_speedup_else_the_fastest() -> None:
+def test_the_deepest_decoder_at_the_speedup_else_the_shallowest() -> None:
     speeds = {"3+3": 100.0, "4+2": 130.0, "6+1": 160.0}
     assert rules.decoder_depth(speeds, 1.25) == "4+2"  # 6+1 reaches it too: the deeper decoder is kept
     assert rules.decoder_depth(speeds, 1.5) == "6+1"
-    assert rules.decoder_depth(speeds, 3.0) == "6+1"  # none reaches it: the fastest
+    assert rules.decoder_depth(speeds, 3.0) == "6+1"  # none reaches it: the shallowest
     assert rules.decoder_depth({"3+3": 100.0, "4+2": 170.0, "6+1": 160.0}, 1.6) == "4+2"  # as measured
-    assert rules.decoder_depth({"3+3": 100.0, "4+2": 90.0, "6+1": 95.0}, 2.0) == "3+3"
+    # none reaches it, and a busy machine measured the one-layer decoder slower: still the shallowest
+    assert rules.decoder_depth({"3+3": 100.0, "4+2": 140.0, "6+1": 120.0}, 2.0) == "6+1"
 
 
 def _data(src_len: int, tgt_len: int, vocab: int = 8000) -> SimpleNamespace:

@@ -173,7 +173,7 @@ class _Planner:
         chosen, measured = rules.decoder_depth(speeds, speedup), {k: round(v) for k, v in speeds.items()}
         for key in SHAPE[3:]:
             self.pick(key, _get(shapes[chosen], key), f"the deepest decoder at {speedup:g}× the beam search "
-                      f"of {next(iter(speeds))}, else the fastest; sentences/s {measured}")
+                      f"of {next(iter(speeds))}, else the shallowest; sentences/s {measured}")
         return shapes[chosen]
 
     def follow(self, model: ModelConfig, updates: float, epochs: float, ends_by: str, steps_per_epoch: int,

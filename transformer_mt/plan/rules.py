@@ -45,10 +45,10 @@ def model_size(tokens: dict[str, float], params: dict[str, int]) -> str:
 
 
 def decoder_depth(speeds: dict[str, float], speedup: float) -> str:
-    """The deepest decoder whose beam search is `speedup` times the balanced shape's, else the fastest
+    """The deepest decoder whose beam search is `speedup` times the balanced shape's, else the shallowest
     (`speeds`: sentences/s of each shape, the balanced one first, then shallower decoders, deepest first)."""
     balanced = next(iter(speeds.values()))
-    return next((s for s, v in speeds.items() if v >= speedup * balanced), max(speeds, key=speeds.get))
+    return next((s for s, v in speeds.items() if v >= speedup * balanced), list(speeds)[-1])
 
 
 def peak_lr(d_model: int) -> float:
