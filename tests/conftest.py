@@ -4,6 +4,7 @@ a user would (a subprocess)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import io
 import logging
@@ -188,6 +189,22 @@ def fitted_model(fit_pairs: tuple[list[str], list[str]],
     return fitted
 
 
+def as_teacher(fitted: Path, split_from: Path) -> Path:
+    """A fitted model's folder (fitted_model) made a run a student can be distilled from (distill.teacher):
+    its checkpoint given the config a run records (its languages, its tokenizer's settings) and the split
+    files of the run whose data the student reads (the teacher's held-out pairs must be the student's)."""
+    from transformer_mt.checkpoints.store import load_checkpoint, save_checkpoint
+    from transformer_mt.config import TokenizerConfig
+
+    state = load_checkpoint(fitted / "best.pt")
+    tokenizer = TokenizerConfig(kind="bpe", vocab_size=500, min_frequency=2)  # as fitted_checkpoint's
+    state["config"] = {"dataset": {"src_lang": "en", "tgt_lang": "fr"},
+                       "tokenizer": dataclasses.asdict(tokenizer)}
+    save_checkpoint(state, fitted / "best.pt")
+    shutil.copytree(split_from / "split", fitted / "split", dirs_exist_ok=True)
+    return fitted
+
+
 @pytest.fixture(scope="session")
 def corpus() -> Path:
     """The real Tatoeba zip (tatoeba_corpus): tests needing it skip without it, or fail under CI."""
@@ -293,6 +310,30 @@ def run_cli(*args: str, input: str | None = None, timeout: int = 300) -> subproc
     env.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run([sys.executable, "-m", "transformer_mt", *map(str, args)], cwd=ROOT,
                           input=input, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def start_cli(args: list[str], log_file: Path) -> subprocess.Popen:
+    """`python -m transformer_mt <args>` started as a user would, its output into log_file (to kill it)."""
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "transformer_mt", *args], cwd=ROOT, env=env,
+                            stdout=log_file.open("w"), stderr=subprocess.STDOUT)
+
+
+def wait_for_log(log_file: Path, text: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Until the run logs `text` (then the caller signals it at once, before it trains much further)."""
+
+    def seen() -> bool:
+        if text in log_file.read_text(errors="replace"):
+            return True
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended before '{text}':\n{log_file.read_text()[-2000:]}")
+        return False
+
+    try:
+        wait_until(seen, f"'{text}' in the run's log", timeout)
+    except AssertionError:
+        proc.kill()
+        raise
 
 
 @pytest.fixture

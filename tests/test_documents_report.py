@@ -193,6 +193,23 @@ def test_seen_words_are_those_of_the_training_pairs(tmp_path: Path) -> None:
     assert seen_words(training_words(mixed))("delta") and not seen_words(training_words(cfg))("delta")
 
 
+def test_training_words_are_read_from_the_cache_after_the_first_run(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second run of a corpus reads its words from the data cache, the same words; a corpus changed
+    since (its file) is streamed again."""
+    from transformer_mt.data import words
+
+    path = _tsv(tmp_path / "pairs.tsv", [(f"Alpha{i} walks.", f"Gamma{i} marche.") for i in range(100)])
+    cfg = DatasetConfig(name="parallel", path=path, url=None, cache_dir=str(tmp_path / "cache"),
+                        valid_size=10, test_size=10)
+    streamed = training_words(cfg)
+    monkeypatch.setattr(words, "training_pairs", lambda _: pytest.fail("streamed again"))
+    assert training_words(cfg) == streamed and len(streamed) == 80 * 2 + 2
+    _tsv(tmp_path / "pairs.tsv", [(f"Beta{i} runs.", f"Delta{i} court.") for i in range(101)])
+    monkeypatch.undo()
+    assert "beta7" in training_words(cfg) and "alpha7" not in training_words(cfg)
+
+
 def test_evaluate_reports_text_as_people_have_it_with_unseen_names_copied(
         tiny_run_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`evaluate documents=true` on the tiny run: the table is printed and kept in the JSON; the names no

@@ -5,15 +5,20 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import transformer_mt as tmt
-from tests.conftest import ROOT, run_cli, smoke_overrides, tiny_overrides, wait_until
+from tests.conftest import (
+    as_teacher,
+    run_cli,
+    smoke_overrides,
+    start_cli,
+    tiny_overrides,
+    wait_for_log,
+)
 from transformer_mt.checkpoints.store import TRAINED, CheckpointError, load_checkpoint, load_latest_good
 
 FAULT_RUN = {"training.save_every_steps": 1, "training.log_every": 1, "dataset.max_pairs": 400,
@@ -27,29 +32,6 @@ REGULARISED = {"training.ema_decay": 0.9, "tokenizer.dropout": 0.1, "dataset.var
 # budget, which is short so that the probe, a share of it, is too), so that the plan does not depend on
 # the probe's timing; the killed run reuses its saved plan when resumed.
 PLANNED = {"training.plan": "auto", "training.max_minutes": 1}
-
-
-def _start(args: list[str], log_file: Path) -> subprocess.Popen:
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "transformer_mt", *args], cwd=ROOT, env=env,
-                            stdout=log_file.open("w"), stderr=subprocess.STDOUT)
-
-
-def _wait_for(log_file: Path, text: str, proc: subprocess.Popen, timeout: float = 120) -> None:
-    """Until the run logs `text` (then the caller signals it at once, before it trains much further)."""
-
-    def seen() -> bool:
-        if text in log_file.read_text(errors="replace"):
-            return True
-        if proc.poll() is not None:
-            raise AssertionError(f"run ended before '{text}':\n{log_file.read_text()[-2000:]}")
-        return False
-
-    try:
-        wait_until(seen, f"'{text}' in the run's log", timeout)
-    except AssertionError:
-        proc.kill()
-        raise
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +67,20 @@ def finetuned_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path, refere
     return run_dir
 
 
+@pytest.fixture(scope="module")
+def teacher(fitted_model, reference_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A teacher of the runs' data (their split) that writes real words."""
+    return as_teacher(fitted_model("marian", tmp_path_factory.mktemp("faults") / "teacher"), reference_run)
+
+
+@pytest.fixture(scope="module")
+def distilled_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path, teacher: Path) -> Path:
+    """The same run distilled (distill.teacher=): the teacher's tokenizer and translations."""
+    run_dir = tmp_path_factory.mktemp("faults") / "distilled"
+    tmt.train(tiny_overrides(corpus, run_dir, **UNINTERRUPTED, **{"distill.teacher": teacher}))
+    return run_dir
+
+
 def test_kill_9_then_resume_is_bit_exact(regularised_run: Path, corpus: Path, tmp_path: Path,
                                          caplog: pytest.LogCaptureFixture) -> None:
     """Killed in its second epoch and resumed in this process, a run with a weight average (EMA) and
@@ -94,8 +90,8 @@ def test_kill_9_then_resume_is_bit_exact(regularised_run: Path, corpus: Path, tm
     assert kill_after_step < 2 * load_checkpoint(regularised_run / "epoch_001.pt")["step"]
     run_dir = tmp_path / "killed"
     log_file = tmp_path / "first.log"
-    proc = _start(["train", *tiny_overrides(corpus, run_dir, **FAULT_RUN, **REGULARISED)], log_file)
-    _wait_for(log_file, f"step {kill_after_step})", proc)
+    proc = start_cli(["train", *tiny_overrides(corpus, run_dir, **FAULT_RUN, **REGULARISED)], log_file)
+    wait_for_log(log_file, f"step {kill_after_step})", proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     killed_at = load_checkpoint(run_dir / "latest.pt")["step"]
@@ -112,7 +108,8 @@ def test_kill_9_then_resume_is_bit_exact(regularised_run: Path, corpus: Path, tm
             assert torch.equal(expected[key][name], got[key][name]), f"{key}.{name} differs after resume"
 
 
-@pytest.mark.parametrize(("kill_after_step", "variant"), [(3, "plain"), (14, "planned"), (14, "finetuned")])
+@pytest.mark.parametrize(("kill_after_step", "variant"), [(3, "plain"), (14, "planned"), (14, "finetuned"),
+                                                       (14, "distilled")])
 def test_kill_9_then_resume_on_the_command_line_is_bit_exact(request: pytest.FixtureRequest, corpus: Path,
                                                              tmp_path: Path, kill_after_step: int,
                                                              variant: str, run_cli_here) -> None:
@@ -124,9 +121,11 @@ def test_kill_9_then_resume_on_the_command_line_is_bit_exact(request: pytest.Fix
     extra = {**FAULT_RUN, **PLANNED} if variant == "planned" else dict(FAULT_RUN)
     if variant == "finetuned":
         extra["init"] = request.getfixturevalue("reference_run")
+    if variant == "distilled":
+        extra["distill.teacher"] = request.getfixturevalue("teacher")
     run_dir = tmp_path / "killed"
-    proc = _start(["train", *tiny_overrides(corpus, run_dir, **extra)], tmp_path / "first.log")
-    _wait_for(tmp_path / "first.log", f"step {kill_after_step})", proc)
+    proc = start_cli(["train", *tiny_overrides(corpus, run_dir, **extra)], tmp_path / "first.log")
+    wait_for_log(tmp_path / "first.log", f"step {kill_after_step})", proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     killed_at = load_checkpoint(run_dir / "latest.pt")["step"]
@@ -198,8 +197,8 @@ def test_sigint_saves_a_checkpoint_and_says_how_to_resume(corpus: Path, tmp_path
     log_file = tmp_path / "run.log"
     overrides = tiny_overrides(corpus, run_dir, **{**FAULT_RUN, "training.save_every_steps": 0,
                                                    "training.epochs": 50})
-    proc = _start(["train", *overrides], log_file)
-    _wait_for(log_file, "step 2 (", proc)
+    proc = start_cli(["train", *overrides], log_file)
+    wait_for_log(log_file, "step 2 (", proc)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 0
     out = log_file.read_text()
@@ -293,9 +292,9 @@ def test_sigint_stops_a_whole_sweep(corpus: Path, tmp_path: Path) -> None:
     settings = {**FAULT_RUN, "training.save_every_steps": 0, "training.epochs": 50}
     overrides = [o for o in tiny_overrides(corpus, tmp_path / "unused", **settings)
                  if not o.startswith("checkpoint.dir=")]
-    proc = _start(["train", "-m", *overrides, f"checkpoint.root={tmp_path / 'root'}",
+    proc = start_cli(["train", "-m", *overrides, f"checkpoint.root={tmp_path / 'root'}",
                    "training.lr=1e-3,5e-4"], log_file)
-    _wait_for(log_file, "step 2 (", proc)
+    wait_for_log(log_file, "step 2 (", proc)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
     assert "sweep interrupted" in log_file.read_text()

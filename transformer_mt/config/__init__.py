@@ -22,6 +22,7 @@ from transformer_mt.config.schema import (
     DatasetConfig,
     DecodingConfig,
     DeviceConfig,
+    DistillConfig,
     DocumentConfig,
     MixedCorpus,
     ModelConfig,
@@ -34,9 +35,9 @@ from transformer_mt.config.schema import (
 )
 from transformer_mt.errors import CheckpointError, ConfigError, DataError, TrainingError, UserError
 
-__all__ = ["CONFIG_DIR", "SCHEMAS", "BatchingConfig", "CheckpointConfig", "CheckpointError",
-           "ConfigError", "DataError", "DatasetConfig", "DecodingConfig", "DeviceConfig",
-           "DocumentConfig", "EngineConfig", "EvaluateConfig", "ExportConfig", "LimitsConfig", "MixedCorpus",
-           "ModelConfig", "ScoreConfig", "SearchConfig", "Section", "ServeConfig", "TokenizerConfig",
-           "TrainConfig", "TrainingConfig", "TranslateConfig", "TrainingError", "UserError",
-           "VariantsConfig", "resolve_path", "validate"]
+__all__ = ["CONFIG_DIR", "SCHEMAS", "BatchingConfig", "CheckpointConfig", "CheckpointError", "ConfigError",
+           "DataError", "DatasetConfig", "DecodingConfig", "DeviceConfig", "DistillConfig",
+           "DocumentConfig", "EngineConfig", "EvaluateConfig", "ExportConfig", "LimitsConfig",
+           "MixedCorpus", "ModelConfig", "ScoreConfig", "SearchConfig", "Section", "ServeConfig",
+           "TokenizerConfig", "TrainConfig", "TrainingConfig", "TranslateConfig", "TrainingError",
+           "UserError", "VariantsConfig", "resolve_path", "validate"]

@@ -114,6 +114,9 @@ RANGES: dict[str, Rule] = {
     "training.calibration_sentences": at_least(0),
     "training.betas": (lambda v: len(v) == 2 and all(0.0 <= b < 1.0 for b in v), "two numbers in [0, 1)"),
     "decoding.beam_size": at_least(1),
+    "distill.beam_size": at_least(1),
+    "distill.original_weight": at_least(0),
+    "distill.chunk_pairs": at_least(1),
     "decoding.max_len_a": at_least(0),
     "decoding.max_len_b": at_least(1),
     "decoding.batch_tokens": at_least(1, or_null=True),
@@ -227,6 +230,9 @@ def _train_relations(cfg: commands.TrainConfig) -> list[str]:
     if cfg.init and cfg.resume:
         found.append(f"init={cfg.init} starts a new run from a trained model, resume={cfg.resume} continues "
                      "a run (a fine-tuning run too, with resume= alone): give one of them")
+    if cfg.distill.teacher and len(cfg.dataset.target_languages()) > 1:
+        found.append(f"distill.teacher translates into one language; this run's dataset has several "
+                     f"({', '.join(cfg.dataset.target_languages())}): distill each direction's run")
     if cfg.dataset.max_len + 2 > cfg.model.max_positions:
         found.append(f"dataset.max_len={cfg.dataset.max_len} needs model.max_positions >= "
                      f"{cfg.dataset.max_len + 2}")

@@ -14,6 +14,7 @@ from transformer_mt.config.schema import (
     DatasetConfig,
     DecodingConfig,
     DeviceConfig,
+    DistillConfig,
     DocumentConfig,
     ModelConfig,
     SearchConfig,
@@ -34,6 +35,7 @@ class TrainConfig:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     decoding: SearchConfig = field(default_factory=lambda: SearchConfig(beam_size=1))  # validation's
+    distill: DistillConfig = field(default_factory=DistillConfig)
     seed: int = 1
     resume: str | None = None  # checkpoint file or directory to continue from
     # fine-tune: a trained checkpoint or run directory whose weights, tokenizer and model a new run starts

@@ -62,7 +62,8 @@ def register() -> None:
     """The schemas (as `<command>_schema` for the YAML defaults lists) and our resolvers."""
     store = ConfigStore.instance()
     for command, schema in SCHEMAS.items():
-        store.store(name=f"{command}_schema", node=schema)
+        if f"{command}_schema.yaml" not in store.repo:  # once a process: making the node is most of the work
+            store.store(name=f"{command}_schema", node=schema)
     for name, resolver, cache in (("tmt_run_dir", run_directory, False), ("tmt_now", _now, True)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver, use_cache=cache)

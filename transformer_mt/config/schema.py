@@ -257,6 +257,20 @@ class CheckpointConfig(Section):
 
 
 @dataclass
+class DistillConfig(Section):
+    """Sequence-level knowledge distillation (Kim and Rush, 2016): the run trains on a teacher's beam-search
+    translations of its training sources, with the teacher's tokenizer (training/distill.py)."""
+
+    KEY: ClassVar[str] = "distill"
+    teacher: str | None = None  # a run directory or checkpoint; several, comma-separated: an ensemble
+    beam_size: int = 5  # the teacher's search (its length penalty and limits: the run's decoding.*)
+    # Each epoch also holds the original targets at this weight, as dataset.mix weighs a corpus: 0 none,
+    # 1 every original pair once beside its distilled one, 0.5 half of them drawn anew each epoch
+    original_weight: float = 0.0
+    chunk_pairs: int = 4096  # sources translated and saved at a time: a killed run redoes one chunk at most
+
+
+@dataclass
 class SearchConfig(Section):
     """How hypotheses are searched for: what validation during `train` uses (greedy by default)."""
 

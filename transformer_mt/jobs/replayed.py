@@ -29,7 +29,7 @@ def with_resumed_overrides(overrides: Sequence[str]) -> list[str]:
     Without resume=, `init=<parent>` puts the parent's model and tokenizer first (finetune.py)."""
     resume = [o.split("=", 1)[1] for o in overrides if o.startswith("resume=")]
     if not resume or not resume[-1]:
-        return _with_parent(overrides)
+        return _with_teacher(_with_parent(overrides))
     # its header first, without torch: a crafted checkpoint is refused before torch takes its memory
     first_loadable(resume[-1], read_header, warn=False)
     from transformer_mt.checkpoints.store import saved_overrides
@@ -51,6 +51,26 @@ def _with_parent(overrides: Sequence[str]) -> list[str]:
     state = finetune.load_parent(init[-1], mmap=True)[1]
     finetune.check_choices(init[-1], state, overrides)
     return [*finetune.parent_overrides(state), *overrides]
+
+
+def _with_teacher(overrides: Sequence[str]) -> list[str]:
+    """`distill.teacher=<run>[,<run>...]`: the (first) teacher's tokenizer keys before the overrides given,
+    whose `tokenizer=` choice must agree with them: a student keeps its teacher's tokenizer."""
+    given = [o.split("=", 1)[1] for o in overrides if o.startswith("distill.teacher=")]
+    teachers = [t.strip() for t in (given[-1] if given else "").split(",") if t.strip()]
+    if not teachers or teachers[0] == "null":
+        return list(overrides)
+    for teacher in teachers:
+        check_parent(teacher)  # its header, before torch is imported
+    from transformer_mt.errors import ConfigError
+    from transformer_mt.training import finetune
+
+    state = finetune.load_parent(teachers[0], mmap=True)[1]
+    problems = finetune.group_contradictions(state, overrides, ("tokenizer",))
+    if problems:
+        raise ConfigError(f"distill.teacher={given[-1]}: {'; '.join(problems)}; a student keeps its "
+                          "teacher's tokenizer: drop that choice")
+    return [*finetune.parent_overrides(state, ("tokenizer",)), *overrides]
 
 
 def _upgraded(saved: Sequence[str]) -> list[str]:

@@ -62,12 +62,17 @@ def load_parent(init: str, mmap: bool = False) -> tuple[Path, dict[str, Any]]:
         raise fields.for_parent(init, ex) from ex
 
 
+def decided(section: str, saved: dict[str, Any]) -> dict[str, Any]:
+    """The values of a saved `model` or `tokenizer` section that make the weights what they are (not
+    OWN_KEYS)."""
+    return {f.name: saved[f.name] for f in dataclasses.fields(SCHEMAS[section])
+            if f.name not in OWN_KEYS[section] and f.name in saved}
+
+
 def parent_sections(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The parent's values of the keys it decides: {"model": {...}, "tokenizer": {...}}."""
-    saved = {"model": state["model_config"], "tokenizer": state["config"]["tokenizer"]}
-    return {section: {f.name: saved[section][f.name] for f in dataclasses.fields(schema)
-                      if f.name not in OWN_KEYS[section] and f.name in saved[section]}
-            for section, schema in SCHEMAS.items()}
+    return {"model": decided("model", state["model_config"]),
+            "tokenizer": decided("tokenizer", state["config"]["tokenizer"])}
 
 
 def _override_value(value: Any) -> str:
@@ -81,10 +86,11 @@ def _override_value(value: Any) -> str:
     return str(value)
 
 
-def parent_overrides(state: dict[str, Any]) -> list[str]:
-    """The parent's model and tokenizer as overrides, e.g. `model.d_model=64`."""
+def parent_overrides(state: dict[str, Any], sections: Sequence[str] = ("model", "tokenizer")) -> list[str]:
+    """The parent's model and tokenizer (or those of `sections`) as overrides, e.g. `model.d_model=64`."""
     return [f"{section}.{key}={_override_value(value)}"
-            for section, values in parent_sections(state).items() for key, value in values.items()]
+            for section, values in parent_sections(state).items() if section in sections
+            for key, value in values.items()]
 
 
 def _contradictions(section: str, values: dict[str, Any], parent: dict[str, Any],
@@ -100,18 +106,24 @@ def _refuse(init: str, problems: list[str]) -> None:
                           "tokenizer and language pair: drop those overrides, or train from scratch")
 
 
-def check_choices(init: str, state: dict[str, Any], overrides: Sequence[str]) -> None:
-    """A `model=<name>` or `tokenizer=<name>` choice must describe the parent's model and tokenizer (the
-    parent's keys would silently replace the file's)."""
+def group_contradictions(state: dict[str, Any], overrides: Sequence[str],
+                         sections: Sequence[str] = ("model", "tokenizer")) -> list[str]:
+    """How a `model=<name>` or `tokenizer=<name>` choice (of `sections`) contradicts the checkpoint's
+    model and tokenizer (whose keys, put first, would silently replace the file's)."""
     parent, problems = parent_sections(state), []
     for override in overrides:
         section, _, name = override.lstrip("+~").partition("=")
         file = CONFIG_DIR / section / f"{name}.yaml"
-        if section in SCHEMAS and file.is_file():
+        if section in sections and file.is_file():
             chosen = OmegaConf.merge(OmegaConf.structured(SCHEMAS[section]), OmegaConf.load(file))
             values = OmegaConf.to_container(chosen)
             problems += _contradictions(section, values, parent, f" (from {override})")
-    _refuse(init, problems)
+    return problems
+
+
+def check_choices(init: str, state: dict[str, Any], overrides: Sequence[str]) -> None:
+    """A `model=<name>` or `tokenizer=<name>` choice must describe the parent's model and tokenizer."""
+    _refuse(init, group_contradictions(state, overrides))
 
 
 def check_config(cfg: TrainConfig, state: dict[str, Any]) -> None:

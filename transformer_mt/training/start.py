@@ -17,10 +17,11 @@ from transformer_mt.checkpoints import store as ckpt
 from transformer_mt.config import TrainConfig
 from transformer_mt.data import PreparedData, words
 from transformer_mt.data.tokenizer import Vocabulary
+from transformer_mt.errors import ConfigError
 from transformer_mt.runtime.device import Precision, configure_threads, precision, select_device
 from transformer_mt.runtime.files import check_writable
 from transformer_mt.runtime.rng import seed_everything
-from transformer_mt.training import distributed, finetune
+from transformer_mt.training import distill, distributed, finetune
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,16 @@ def start_run(cfg: TrainConfig, run_dir: Path) -> RunStart:
         path, parent = finetune.read_parent(cfg)
         parent_path = str(path.resolve())
     vocab = Vocabulary.from_json((state or parent)["tokenizer"]) if state or parent else None
-    data = distributed.prepare_data(cfg.dataset, cfg.tokenizer, run_dir, vocab, world)
+    teacher = distill.load_teacher(cfg, device) if cfg.distill.teacher and world.is_main else None
+    if teacher and vocab and vocab.to_json() != teacher.vocab.to_json():
+        raise ConfigError(f"distill.teacher={cfg.distill.teacher} has another tokenizer than "
+                          f"{'the resumed run' if state else 'init=' + str(cfg.init)}; a student keeps its "
+                          "teacher's tokenizer: give a teacher and a parent trained with the same one")
+    data = distributed.prepare_data(cfg.dataset, cfg.tokenizer, run_dir, vocab or (teacher and teacher.vocab),
+                                    world)
+    if cfg.distill.teacher:  # its translations as the training targets, and the teacher's memory freed
+        data = distill.distilled_data(cfg, data, teacher, run_dir, world)
+        del teacher
     known = _training_words(cfg, state, parent) if world.is_main else None
     return RunStart(world, device, precision(cfg.device, device), data, state, parent, parent_path, started,
                     known)
