@@ -159,8 +159,10 @@ def fit_pairs(corpus: Path) -> tuple[list[str], list[str]]:
 
 
 # The architectures of the fitted models that the export tests share (fitted_model): post-norm (Marian)
-# and pre-norm (Pegasus, what the plan trains).
-ARCHITECTURES = {"marian": {}, "pegasus": {"norm_first": True, "activation": "gelu"}}
+# and pre-norm (Pegasus, what the plan trains), this one with a deep encoder and a one-layer decoder (a
+# student's shape, model=student), so that every export shows it keeps each stack's own depth.
+ARCHITECTURES = {"marian": {}, "pegasus": {"norm_first": True, "activation": "gelu", "encoder_layers": 3,
+                                           "decoder_layers": 1}}
 
 
 @pytest.fixture(scope="session")

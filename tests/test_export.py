@@ -85,12 +85,12 @@ def test_float32_greedy_matches_pytorch(post_norm: Path, pairs: tuple[list[str],
     assert same >= 97, differ[:5]
 
 
-def test_pre_norm_gelu_learned_untied_matches_pytorch(pairs: tuple[list[str], list[str]],
-                                                      tmp_path: Path) -> None:
-    """The other branches of the mapping: final LayerNorms, GELU, a learned position table and
-    separate source/target embeddings."""
+def test_pre_norm_gelu_learned_untied_student_matches_pytorch(pairs: tuple[list[str], list[str]],
+                                                              tmp_path: Path) -> None:
+    """The other branches of the mapping: final LayerNorms, GELU, a learned position table, separate
+    source/target embeddings, and a deep encoder with a one-layer decoder (a student's shape)."""
     run, _ = fitted_checkpoint(pairs, tmp_path / "run", steps=40, norm_first=True, activation="gelu",
-                    positional="learned", tie_embeddings=False)
+                    positional="learned", tie_embeddings=False, encoder_layers=3, decoder_layers=1)
     model_dir = export_ctranslate2(run, tmp_path / "ct2", quantization="float32")
     sentences = pairs[0][:150]
     same, gap, differ = _parity(run, model_dir, sentences, GREEDY)

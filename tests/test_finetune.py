@@ -157,6 +157,26 @@ def test_the_parents_weight_average_is_carried_over(tiny_run: Path, tmp_path: Pa
     assert int(trainer.ema.averaged.n_averaged) == 7
 
 
+def test_a_parent_of_a_students_shape_comes_with_its_own_depths(tiny_run: Path, tmp_path: Path) -> None:
+    """A deep encoder and a one-layer decoder (model=student's kind of shape): the child is built with
+    the parent's stacks, not the schema's nor debug=tiny's, and starts from its weights."""
+    from transformer_mt.checkpoints.store import build_model, model_spec, save_checkpoint
+    from transformer_mt.config import ModelConfig
+
+    state = load_checkpoint(tiny_run / BEST)
+    shape = {**finetune.parent_sections(state)["model"], "encoder_layers": 3, "decoder_layers": 1}
+    torch.manual_seed(0)
+    student = build_model(ModelConfig(**shape), Vocabulary.from_json(state["tokenizer"]))
+    (tmp_path / "parent").mkdir()
+    save_checkpoint({**state, "model": student.state_dict(), "model_config": model_spec(student)},
+                    tmp_path / "parent" / BEST)
+    overrides = with_resumed_overrides(finetune_overrides(tmp_path / "parent", tmp_path / "run"))
+    trainer = build_trainer(tmt.compose("train", overrides), tmp_path / "run", overrides)
+    assert (trainer.model.config.encoder_layers, trainer.model.config.decoder_layers) == (3, 1)
+    for key, tensor in student.state_dict().items():
+        assert torch.equal(trainer.model.state_dict()[key], tensor), key
+
+
 def test_a_planned_fine_tuning_run_keeps_the_parents_shape_and_plans_the_rest(tiny_run: Path,
                                                                               tmp_path: Path) -> None:
     from transformer_mt.plan import decide, rules

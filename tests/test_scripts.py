@@ -30,8 +30,8 @@ SCRIPTS = ROOT / "scripts"
 # Every script (a file with a __main__ block) and the test below that runs it.
 TESTED = {"adaptation_study.py", "average_checkpoints.py", "back_translation.py", "benchmark.py",
           "benchmark_data.py", "benchmark_decoding.py", "benchmark_documents.py", "benchmark_export.py",
-          "benchmark_segmenters.py", "benchmark_serve.py", "measure_glossary.py", "measure_stand_ins.py",
-          "plot_learning_curve.py",
+          "benchmark_segmenters.py", "benchmark_serve.py", "benchmark_shapes.py", "measure_glossary.py",
+          "measure_stand_ins.py", "plot_learning_curve.py",
           "results_table.py", "stress_serve.py"}
 
 
@@ -153,6 +153,25 @@ def test_benchmark_decoding(script, tiny_run: Path, tmp_path: Path) -> None:
         assert r[key] > 0, key
     if importlib.util.find_spec("ctranslate2"):  # the ct2 extra: CTranslate2 int8 in the same rounds
         assert r["ct2_int8_beam5_sent_s"] > 0 and r["int8_beam5_vs_ct2_int8"] > 0
+
+
+def test_benchmark_shapes(script, tiny_run: Path, corpus: Path, tmp_path: Path) -> None:
+    """The tiny run's shape against a deeper encoder and one decoder layer, and one with a tokenizer of
+    its own (trained on the corpus); the CPU clock, one round."""
+    out = tmp_path / "shapes.json"
+    main = script("benchmark_shapes").main
+    assert main([str(tiny_run), "--sentences", "12", "--rounds", "1", "--beam", "2",
+                 "--shapes", "64/4/128/3+1", "32/4/64/3+1@300", "--corpus", str(corpus),
+                 "--tokenizer-sentences", "2000", "--train-seconds", "0.05", "--clock", "cpu",
+                 "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["sentences"] == 12 and r["teacher_real_sent_s"] > 0 and r["teacher_forced_sent_s"] > 0
+    assert [s["shape"] for s in r["shapes"].values()] == ["64/4/128/2+2@400", "64/4/128/3+1@400",
+                                                          "32/4/64/3+1@300"]
+    assert r["shapes"]["teacher"]["beam_speedup"] == 1 and r["shapes"]["teacher"]["train_speed"] == 1
+    assert all(s["beam_sent_s"] > 0 and s["train_tok_s"] > 0 for s in r["shapes"].values())
+    lengths = [s["reference_tokens"] for s in r["shapes"].values()]  # the same references, re-encoded
+    assert lengths[0] == lengths[1] != lengths[2]
 
 
 def test_benchmark_documents(script, tiny_run: Path, tmp_path: Path) -> None:

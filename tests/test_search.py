@@ -386,7 +386,7 @@ def test_an_ensemble_of_one_equals_the_model(model: Transformer) -> None:
 def test_an_ensemble_averages_the_models_probabilities(model: Transformer) -> None:
     from transformer_mt.model import Ensemble
 
-    other = random_model(seed=5)
+    other = random_model(seed=5, encoder_layers=3, decoder_layers=1)  # another shape: a student's stacks
     src = source_batch(LENGTHS)
     tgt = torch.tensor([[BOS, 5, 6, 7]] * len(LENGTHS))
     twins = Ensemble([model, model]).eval()

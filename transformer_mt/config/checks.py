@@ -110,6 +110,7 @@ RANGES: dict[str, Rule] = {
     "training.save_every_steps": at_least(0),
     "training.max_bad_steps": at_least(1),
     "training.max_minutes": (lambda v: v is None or v > 0, "> 0 or null"),
+    "training.decode_speedup": at_least(1),
     "training.num_samples": at_least(0),
     "training.calibration_sentences": at_least(0),
     "training.betas": (lambda v: len(v) == 2 and all(0.0 <= b < 1.0 for b in v), "two numbers in [0, 1)"),
@@ -199,7 +200,11 @@ def _training_relations(t: schema.TrainingConfig) -> list[str]:
                          "checkpoints average")
             + out_of_range("training.max_minutes", t.max_minutes,
                            t.plan != "auto" or t.max_minutes is not None,
-                           "a number of minutes with training.plan=auto, which plans that budget"))
+                           "a number of minutes with training.plan=auto, which plans that budget")
+            + out_of_range("training.decode_speedup", t.decode_speedup,
+                           t.plan == "auto" or t.decode_speedup == 1,
+                           "1 without training.plan=auto, which plans the decoder it asks for (or choose a "
+                           "shape: model=student)"))
 
 
 def n_best_in_beam(n_best: int, beam_size: int, prefix: str = "decoding.") -> list[str]:

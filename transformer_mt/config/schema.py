@@ -231,6 +231,9 @@ class TrainingConfig(Section):
     ema_decay: float = 0.0  # keep an EMA of the weights (e.g. 0.999), validated and saved; 0 = off
     max_minutes: float | None = None  # wall-clock budget for training
     plan: str = "off"  # auto: fill the keys you leave open for max_minutes on this machine (plan/)
+    # plan=auto: a decoder whose beam search is this many times as fast as the planned shape's, its layers
+    # moved to the encoder so that training costs about the same (docs/planning.md); 1: the balanced shape
+    decode_speedup: float = 1.0
     save_every_steps: int = 0  # mid-epoch checkpoint every N steps; 0 = only at epoch end
     max_bad_steps: int = 5  # consecutive non-finite losses (skipped steps) before the run stops
     min_free_mib: int = 200  # refuse to start when the run directory's disk has less free space

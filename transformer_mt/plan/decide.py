@@ -20,7 +20,8 @@ from transformer_mt.plan import rules
 from transformer_mt.plan.record import Choice, Measured, Plan
 from transformer_mt.runtime.device import pad_to_multiple, precision
 from transformer_mt.training import finetune
-from transformer_mt.training.probe import Probe
+from transformer_mt.training.decoding_speed import decoder_speeds
+from transformer_mt.training.probe import Probe, interpolated
 from transformer_mt.training.run_length import RunLength
 from transformer_mt.training.start import RunStart
 from transformer_mt.training.throughput import relative_flops
@@ -116,11 +117,10 @@ class _Planner:
         return self.weigh(measured, probe.too_large, length)
 
     def weigh(self, measured: dict[int, float], too_large: int | None, length: RunLength) -> PlannedBatch:
-        """The batch rule on the sizes from the smallest measured to the one that ran out of memory: a size
-        the probe skipped at the speed between its measured neighbours (log-log); one past the largest,
-        the largest's (a larger batch never trains slower)."""
+        """The batch rule on the sizes from the smallest measured to the one that ran out of memory, each
+        size the probe skipped at the speed `interpolated` between its neighbours (probe.py)."""
         sizes = [b for b in rules.BATCH_CANDIDATES if min(measured) <= b < (too_large or math.inf)]
-        speeds = {b: _between(measured, b) for b in sizes}
+        speeds = {b: interpolated(measured, b) for b in sizes}
         updates = _updates(length, speeds, after=max(measured))
         b = rules.batch_tokens(updates, length.batches_per_update)
         return PlannedBatch(self.pick("training.batch_tokens", b, rules.batch_why(updates[b])), speeds[b],
@@ -166,6 +166,16 @@ class _Planner:
                   for s, m in shapes.items()}
         return rules.model_size({s: v * train_s for s, v in speeds.items()}, params)
 
+    def decoder(self, model: ModelConfig, start: RunStart, amp: Any, batch_tokens: int) -> ModelConfig:
+        """The shape with the decoder training.decode_speedup asks for (rules.decoder_depth)."""
+        speedup = self.cfg.training.decode_speedup
+        shapes, speeds = decoder_speeds(model, start.data, self.cfg.decoding, start.device, amp, batch_tokens)
+        chosen, measured = rules.decoder_depth(speeds, speedup), {k: round(v) for k, v in speeds.items()}
+        for key in SHAPE[3:]:
+            self.pick(key, _get(shapes[chosen], key), f"the deepest decoder at {speedup:g}× the beam search "
+                      f"of {next(iter(speeds))}, else the shallowest; sentences/s {measured}")
+        return shapes[chosen]
+
     def follow(self, model: ModelConfig, updates: float, epochs: float, ends_by: str, steps_per_epoch: int,
                valid_pairs: int, budget_s: float, per_pair_s: float) -> float:
         """The keys that follow from the model, the updates and epochs expected: the schedule, dropout,
@@ -207,6 +217,8 @@ def make(cfg: TrainConfig, start: RunStart, overrides: Sequence[str]) -> Plan:
     length = RunLength(data, budget_s, started, t.accumulate, start.world.size, pad,
                        t.epochs if "training.epochs" in planner.yours else None, rules.VALIDATION_SHARE)
     model, batch, shape_speeds = planner.shape(probe, data, length)
+    if t.decode_speedup > 1 and SHAPE[0] not in planner.yours:  # (a shape of yours is kept as it is)
+        model = planner.decoder(model, start, decode_amp, batch.tokens)
     per_pair = validation_seconds(model, data, cfg.decoding, batch.tokens, device, amp, decode_amp,
                                   started + PROBE_SHARE * budget_s, rules.VALID_SENTENCES)
     smallest = min(len(data.valid), rules.FEWEST_VALID_SENTENCES) * per_pair
@@ -233,20 +245,9 @@ def variant_choices(cfg: TrainConfig, overrides: Sequence[str]) -> tuple[Choice,
                  for name, p in dataclasses.asdict(cfg.dataset.variants).items())
 
 
-def _between(measured: dict[int, float], size: int) -> float:
-    """The speed at `size` on the log-log line through the measured sizes around it; past them, the last's."""
-    below = max(b for b in measured if b <= size)
-    above = min((b for b in measured if b > size), default=None)
-    if above is None or below == size:
-        return measured[below]
-    return measured[below] * (measured[above] / measured[below]) ** (math.log(size / below) /
-                                                                     math.log(above / below))
-
-
 def _updates(length: RunLength, speeds: dict[int, float], after: int) -> dict[int, float]:
-    """The updates the budget holds at each size of `speeds` (smallest first), up to the first size past
-    `after` that the batch rule does not take: at one speed, a doubling halves the updates while the
-    rule's line doubles, so no larger size would be taken either."""
+    """The updates the budget holds at each size of `speeds` (smallest first), until a size past `after`
+    that the batch rule does not take: no larger one would be (its updates halve as its line doubles)."""
     updates: dict[int, float] = {}
     for size, speed in speeds.items():
         updates[size] = length.expect(size, speed)[0]

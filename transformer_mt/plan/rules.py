@@ -44,6 +44,13 @@ def model_size(tokens: dict[str, float], params: dict[str, int]) -> str:
     return fitting[-1] if fitting else SIZES[0]
 
 
+def decoder_depth(speeds: dict[str, float], speedup: float) -> str:
+    """The deepest decoder whose beam search is `speedup` times the balanced shape's, else the shallowest
+    (`speeds`: sentences/s of each shape, the balanced one first, then shallower decoders, deepest first)."""
+    balanced = next(iter(speeds.values()))
+    return next((s for s, v in speeds.items() if v >= speedup * balanced), list(speeds)[-1])
+
+
 def peak_lr(d_model: int) -> float:
     """2e-3 for d_model 256 with pre-norm, scaled by d_model^-0.5 as in the paper's schedule."""
     return round(2e-3 * math.sqrt(256 / d_model), 5)

@@ -128,3 +128,14 @@ class Probe:
             set_rng_state(state)
         step_s = seconds * sum(b.n_tgt_tokens for b in batches) / len(batches) / tokens
         return Timing(tokens / seconds, seconds, step_s)
+
+
+def interpolated(measured: dict[int, float], size: int) -> float:
+    """The speed at `size` on the log-log line through the measured sizes around it; past them, the last's
+    (a larger batch never trains slower)."""
+    below = max(b for b in measured if b <= size)
+    above = min((b for b in measured if b > size), default=None)
+    if above is None or below == size:
+        return measured[below]
+    return measured[below] * (measured[above] / measured[below]) ** (math.log(size / below) /
+                                                                     math.log(above / below))
