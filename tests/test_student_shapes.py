@@ -154,11 +154,11 @@ def test_a_run_asking_for_faster_decoding_is_planned_measured_and_trained(
     real = decide.decoder_speeds
     monkeypatch.setattr(decide, "decoder_speeds", lambda *a: measured.append(real(*a)) or measured[-1])
     monkeypatch.setattr(rules, "SIZES", ("tiny", "small"))
-    overrides = tiny_overrides(corpus, tmp_path / "run", **{
-        "training.plan": "auto", "training.max_minutes": 0.1, "training.decode_speedup": 1.2,
-        "dataset.max_pairs": 600, "dataset.valid_size": 60, "dataset.test_size": 60,
-        "tokenizer.vocab_size": 400, "training.progress": "false", "device": "cpu"})
-    tmt.train([o for o in overrides if not o.startswith(("debug=", "training.epochs="))])  # the shape: open
+    overrides = tiny_overrides(corpus, tmp_path / "run", **{  # a budget a busy machine validates within,
+        "training.plan": "auto", "training.max_minutes": 0.5, "training.epochs": 1,  # one epoch ends it
+        "training.decode_speedup": 1.2, "dataset.max_pairs": 600, "dataset.valid_size": 60,
+        "dataset.test_size": 60, "tokenizer.vocab_size": 400, "training.progress": "false", "device": "cpu"})
+    tmt.train([o for o in overrides if not o.startswith("debug=")])  # the shape left open
     plan = planning.Plan.from_record(json.loads((tmp_path / "run" / "result.json").read_text())["plan"])
     (shapes, speeds), = measured
     balanced = next(iter(shapes.values()))
