@@ -95,10 +95,11 @@ class Calibration:
 
 def weights_fingerprint(model: nn.Module) -> str:
     """What tells one checkpoint's weights from another's, cheaply: a hash of the model's vectors (biases,
-    norms), which any update or average changes."""
+    norms), which any update or average changes. An int8 copy's state also holds packed weights and their
+    dtypes (runtime/quantize.py), which are not vectors."""
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
-        if tensor.dim() == 1 and tensor.is_floating_point():
+        if isinstance(tensor, torch.Tensor) and tensor.dim() == 1 and tensor.is_floating_point():
             digest.update(name.encode("utf-8"))
             digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()[:20]

@@ -38,6 +38,7 @@ from transformer_mt.decoding.confidence import weights_fingerprint
 from transformer_mt.decoding.decode import decode_ids
 from transformer_mt.decoding.translator import Translator
 from transformer_mt.errors import ConfigError, DataError
+from transformer_mt.runtime.device import Precision
 from transformer_mt.runtime.files import atomic_write
 from transformer_mt.training import finetune
 from transformer_mt.training.distributed import World, from_main
@@ -105,6 +106,16 @@ def teacher_search(cfg: TrainConfig) -> DecodingConfig:
     return dataclasses.replace(DecodingConfig(**search), beam_size=cfg.distill.beam_size, confidence=False)
 
 
+def search_key(search: DecodingConfig) -> dict[str, object]:
+    """The search's fields for the cache key; `quantize` is the engine's precision (precision_key)."""
+    return {k: v for k, v in dataclasses.asdict(search).items() if k != "quantize"}
+
+
+def precision_key(precision: Precision) -> str:
+    """What the teacher computes in: its float type, and int8 where its linear layers are quantized."""
+    return str(precision.dtype) + (" int8" if precision.int8 else "")
+
+
 def chunk_directory(cfg: TrainConfig, teacher: Teacher, sources: Ragged, search: DecodingConfig) -> Path:
     """`<cache_dir>/distilled/<key>`: the key hashes the teacher's weights and vocabulary, the search and
     the sources (ids and offsets), so another teacher or corpus never reads these translations."""
@@ -112,7 +123,7 @@ def chunk_directory(cfg: TrainConfig, teacher: Teacher, sources: Ragged, search:
     digest.update(Ragged.concat([sources]).flat.astype(np.int32).tobytes())
     key = {"format": FORMAT, "teacher": weights_fingerprint(teacher.engine.model),
            "vocab": hashlib.sha256(json.dumps(teacher.vocab.to_json(), sort_keys=True).encode()).hexdigest(),
-           "search": dataclasses.asdict(search), "amp": str(teacher.engine.precision.dtype),
+           "search": search_key(search), "amp": precision_key(teacher.engine.precision),
            "chunk_pairs": cfg.distill.chunk_pairs, "sources": digest.hexdigest()}
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     directory = resolve_path(cfg.dataset.cache_dir) / "distilled" / name
