@@ -153,8 +153,8 @@ def report(found: dict[str, dict[str, object]], teacher: str) -> None:
     columns = list(dict.fromkeys(k for row in found.values() for k in row))
     print(markdown_table(["run", *columns], [[name, *(_cell(row.get(c, "")) for c in columns)]
                                              for name, row in found.items()]))
-    speeds = [c for c in columns if c.startswith(("ours", "CTranslate2 int8 g", "CTranslate2 int8 b", "ONNX",
-                                                  "page int8"))]
+    speeds = [c for c in columns if c.startswith(("ours", "CTranslate2 int8 g", "CTranslate2 int8 b",
+                                                  "ONNX Runtime", "page int8"))]
     print(markdown_table(["run (× the teacher's speed)", *speeds],
                          [[name, *(f"{row[c] / found[teacher][c]:.2f}×" for c in speeds)]
                           for name, row in found.items()]))

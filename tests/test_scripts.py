@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import transformer_mt as tmt
-from tests.conftest import ROOT, multi30k, require, runs_corpus, tiny_overrides
+from tests.conftest import ROOT, as_teacher, multi30k, require, runs_corpus, tiny_overrides
 from transformer_mt.checkpoints.store import load_checkpoint
 from transformer_mt.data import load_split_tsv, read_lines
 from transformer_mt.tables import markdown_table
@@ -30,7 +30,8 @@ SCRIPTS = ROOT / "scripts"
 # Every script (a file with a __main__ block) and the test below that runs it.
 TESTED = {"adaptation_study.py", "average_checkpoints.py", "back_translation.py", "benchmark.py",
           "benchmark_data.py", "benchmark_decoding.py", "benchmark_documents.py", "benchmark_export.py",
-          "benchmark_segmenters.py", "benchmark_serve.py", "benchmark_shapes.py", "measure_glossary.py",
+          "benchmark_segmenters.py", "benchmark_serve.py", "benchmark_shapes.py", "benchmark_students.py",
+          "measure_glossary.py",
           "measure_stand_ins.py", "plot_learning_curve.py",
           "results_table.py", "stress_serve.py"}
 
@@ -172,6 +173,45 @@ def test_benchmark_shapes(script, tiny_run: Path, corpus: Path, tmp_path: Path) 
     assert all(s["beam_sent_s"] > 0 and s["train_tok_s"] > 0 for s in r["shapes"].values())
     lengths = [s["reference_tokens"] for s in r["shapes"].values()]  # the same references, re-encoded
     assert lengths[0] == lengths[1] != lengths[2]
+
+
+def test_benchmark_students(script, fitted_model, tiny_run: Path, tmp_path: Path,
+                            capsys: pytest.CaptureFixture) -> None:
+    """A teacher (post-norm 3+3) and a student (pre-norm 3+1) on the tiny run's test split: each run's
+    shape, sizes and BLEU, the BLEU being beam 5 over the whole split (checked against our engine's own
+    translations scored by sacrebleu), every engine's speed, and the ratios to the teacher's."""
+    require("optimum.exporters.onnx")
+    require("ctranslate2")
+    import sacrebleu
+
+    from transformer_mt.config import DecodingConfig
+    from transformer_mt.decoding.translator import Translator
+
+    teacher = as_teacher(fitted_model("marian", tmp_path / "teacher"), tiny_run)
+    student = as_teacher(fitted_model("pegasus", tmp_path / "student"), tiny_run)
+    out = tmp_path / "students.json"
+    assert script("benchmark_students").main([str(teacher), str(student), "--sentences", "6", "--rounds", "1",
+                                              "--onnx-sentences", "3", "--no-page", "--out", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert list(runs) == ["teacher", "student"]
+    precisions = ("float32", "int8", *(["bf16"] if script("timing").native_bf16() else []))
+    sources, refs = load_split_tsv(tiny_run / "split" / "test.tsv")
+    for name, run in (("teacher", teacher), ("student", student)):
+        row, spec = runs[name], load_checkpoint(run / "best.pt")["model_config"]
+        assert row["shape"].endswith(f"{spec['encoder_layers']}+{spec['decoder_layers']}")
+        assert row["float32 MB"] == round(row["parameters"] * 4 / 1e6, 1)
+        assert 0 < row["CTranslate2 int8 MB"] < row["float32 MB"] and row["ONNX int8 MB"] > 0
+        engine = Translator.from_checkpoint(run, device="cpu", amp="off",
+                                            decoding=DecodingConfig(beam_size=5, confidence=False))
+        expected = sacrebleu.corpus_bleu(engine.translate(sources, input_case="model"), [refs]).score
+        assert row["BLEU ours float32"] == round(expected, 2)
+        speeds = [f"{engine} {search}" for engine in ("CTranslate2 int8", *(f"ours {p}" for p in precisions))
+                  for search in ("greedy", "beam 5")] + ["ONNX Runtime int8 greedy (one at a time)"]
+        assert all(row[k] > 0 for k in speeds)
+    assert runs["student"]["shape"].endswith("3+1")
+    printed = capsys.readouterr().out
+    teacher_row = next(line for line in printed.splitlines() if line.startswith("| teacher | 1.00×"))
+    assert set(teacher_row.strip("| ").split(" | ")[1:]) == {"1.00×"}
 
 
 def test_benchmark_documents(script, tiny_run: Path, tmp_path: Path) -> None:
