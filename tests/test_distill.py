@@ -116,6 +116,26 @@ def test_targets_are_the_teachers_within_the_length_limits() -> None:
     assert sorted(rows[:4]) == [0, 1, 2, 3] and len(rows) == 6 and all(r >= 4 for r in rows[4:])
 
 
+def test_original_targets_take_their_corpus_variants_tag_and_weight() -> None:
+    """With original_weight, each corpus's original pairs are a part of that corpus: the dataset's input
+    variants, a mixed corpus's own tag and variants, its weight times original_weight."""
+    from transformer_mt.config import DatasetConfig, MixedCorpus, VariantsConfig
+    from transformer_mt.data.mixture import Mixture, Part
+    from transformer_mt.data.variants import corpus_variants
+
+    data = _prepared([[5], [6], [7], [8]], [[10], [11], [12], [13]])
+    data = dataclasses.replace(data, mixture=Mixture((Part("a", 0, 3, 1.0), Part("b", 3, 4, 2.0)), seed=1))
+    outputs = Ragged.from_lists([[20], [21], [22], [23]])
+    both, _ = distill._with_targets(data, outputs, 1, 3, original_weight=0.5, seed=1)
+    assert [(p.start, p.stop, p.weight) for p in both.mixture.parts] == [(0, 3, 1.0), (3, 4, 2.0), (4, 7, 0.5),
+                                                                          (7, 8, 1.0)]
+    assert both.mixture.corpora() == [0, 1, 0, 1]
+    own, mixed = VariantsConfig(typos=0.5), VariantsConfig(caps=0.2)
+    cfg = DatasetConfig(variants=own, mix=[MixedCorpus(path="b.tsv", tag="<b>", variants=mixed)])
+    got = [(c.start, c.stop, c.variants, c.tag) for c in corpus_variants(cfg, both.mixture, 8)]
+    assert got == [(0, 3, own, None), (3, 4, mixed, "<b>"), (4, 7, own, None), (7, 8, mixed, "<b>")]
+
+
 def test_the_student_trains_on_its_teachers_tokenizer_and_targets(student: Path, teacher: Path,
                                                                    engine: Translator) -> None:
     """The student's tokenizer is the teacher's (not trained on its corpus); its summary says what the

@@ -79,8 +79,8 @@ def add_tokens(data: PreparedData, cfg: DatasetConfig) -> PreparedData:
     if data.mixture is None:
         train = with_token(data.train, ids[cfg.tgt_lang])
     else:
-        pieces = [with_token(data.train.subset(range(part.start, part.stop)), ids[lang])
-                  for part, lang in zip(data.mixture.parts, corpus_langs, strict=True)]
+        pieces = [with_token(data.train.subset(range(part.start, part.stop)), ids[corpus_langs[k]])
+                  for part, k in zip(data.mixture.parts, data.mixture.corpora())]
         train = EncodedSplit(Ragged.concat([p.src_ids for p in pieces]), data.train.tgt_ids)
     directions = data.directions or {cfg.tgt_lang: (data.valid, data.test)}
     directions = {lang: (with_token(valid, ids[lang]), with_token(test, ids[lang]))

@@ -49,6 +49,10 @@ class Part:
     start: int
     stop: int
     weight: float
+    # Which of the run's corpora the rows are of (0: dataset, k: dataset.mix[k-1]), whose variants, tag and
+    # language they take; None: the part's own position. Distillation's original targets (training/
+    # distill.py) are a second part of each corpus.
+    corpus: int | None = None
 
     def share(self) -> tuple[int, int]:
         """(whole times, pairs drawn) of this corpus in each epoch: floor(weight) times all its pairs,
@@ -63,6 +67,10 @@ class Mixture:
 
     parts: tuple[Part, ...]
     seed: int
+
+    def corpora(self) -> list[int]:
+        """The run's corpus (0: dataset, k: dataset.mix[k-1]) of each part."""
+        return [k if p.corpus is None else p.corpus for k, p in enumerate(self.parts)]
 
     @property
     def varies(self) -> bool:

@@ -187,8 +187,8 @@ def corpus_variants(cfg: DatasetConfig, mixture: Mixture | None, rows: int) -> l
     if mixture is None:
         return [CorpusVariants(0, rows, cfg.variants, cfg.tag)]
     settings = [(cfg.variants, cfg.tag), *((m.variants or cfg.variants, m.tag) for m in cfg.mix)]
-    return [CorpusVariants(part.start, part.stop, variants, tag)
-            for part, (variants, tag) in zip(mixture.parts, settings, strict=True)]
+    return [CorpusVariants(part.start, part.stop, *settings[k])
+            for part, k in zip(mixture.parts, mixture.corpora())]
 
 
 def build(vocab: Vocabulary, cfg: DatasetConfig, mixture: Mixture | None, seed: int,

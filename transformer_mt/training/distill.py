@@ -197,7 +197,8 @@ def _with_targets(data: PreparedData, outputs: Ragged, min_len: int, max_len: in
                   original_weight: float, seed: int) -> tuple[PreparedData, int]:
     """The training split with the teacher's targets: a pair keeps its original target where the teacher
     gave none within min_len..max_len tokens (so every corpus keeps its rows); with original_weight, the
-    original pairs follow as one more corpus of that weight. Also how many kept their original."""
+    original pairs follow, each corpus's as one more part of that corpus (its variants, tag, language)
+    weighing original_weight times its own weight. Also how many kept their original."""
     train, lengths = data.train, outputs.lengths
     own = (lengths >= min_len) & (lengths <= max_len)
     either = Ragged.concat([outputs, train.tgt_ids])  # row i: the teacher's; row n + i: the original
@@ -205,7 +206,10 @@ def _with_targets(data: PreparedData, outputs: Ragged, min_len: int, max_len: in
     distilled = EncodedSplit(train.src_ids, either.take(rows))
     parts = data.mixture.parts if data.mixture else (Part("distilled", 0, len(train), 1.0),)
     if original_weight:
-        parts = (*parts, Part("original targets", len(train), 2 * len(train), original_weight))
+        n, corpora = len(train), Mixture(parts, seed).corpora()
+        parts = (*parts, *(Part(f"{p.name}, original targets" if data.mixture else "original targets",
+                                p.start + n, p.stop + n, p.weight * original_weight, corpus=k)
+                           for p, k in zip(parts, corpora)))
         distilled = EncodedSplit(Ragged.concat([distilled.src_ids, train.src_ids]),
                                  Ragged.concat([distilled.tgt_ids, train.tgt_ids]))
     mixture = Mixture(parts, seed) if original_weight or data.mixture else None
