@@ -127,8 +127,8 @@ def test_original_targets_take_their_corpus_variants_tag_and_weight() -> None:
     data = dataclasses.replace(data, mixture=Mixture((Part("a", 0, 3, 1.0), Part("b", 3, 4, 2.0)), seed=1))
     outputs = Ragged.from_lists([[20], [21], [22], [23]])
     both, _ = distill._with_targets(data, outputs, 1, 3, original_weight=0.5, seed=1)
-    assert [(p.start, p.stop, p.weight) for p in both.mixture.parts] == [(0, 3, 1.0), (3, 4, 2.0), (4, 7, 0.5),
-                                                                          (7, 8, 1.0)]
+    parts = [(p.start, p.stop, p.weight) for p in both.mixture.parts]
+    assert parts == [(0, 3, 1.0), (3, 4, 2.0), (4, 7, 0.5), (7, 8, 1.0)]
     assert both.mixture.corpora() == [0, 1, 0, 1]
     own, mixed = VariantsConfig(typos=0.5), VariantsConfig(caps=0.2)
     cfg = DatasetConfig(variants=own, mix=[MixedCorpus(path="b.tsv", tag="<b>", variants=mixed)])
