@@ -6,10 +6,11 @@
 Every run is read on the teacher's test split (a student distilled from it holds out the same pairs).
 For each run: its shape and parameters; megabytes on disk (our float32 weights, CTranslate2 int8, the ONNX
 int8 graphs); beam-5 BLEU on the whole split in our engine (float32, bf16 where the CPU has native bf16,
-int8: `decoding.quantize=int8`) and in CTranslate2 int8; sentences/s on the first --sentences, batched as
-`transformer-mt translate` does, greedy and beam 5 in each of those, best of --rounds rounds alternated
-across runs and engines; ONNX Runtime int8 greedy one sentence at a time (optimum, as the exports are
-read); and the exported page in headless Chromium with its int8 graphs (`?dtype=q8`): seconds from
+int8: `decoding.quantize=int8`) and in CTranslate2 int8 (its own batching and search, `exact=False`, on
+as many threads as torch: CTranslate2 at its fastest, as benchmark_decoding.py times it); sentences/s on
+the first --sentences, batched as `transformer-mt translate` does, greedy and beam 5 in each of those,
+best of --rounds rounds alternated across runs and engines; ONNX Runtime int8 greedy one sentence at a
+time (optimum, as the exports are read); and the exported page in headless Chromium with its int8 graphs (`?dtype=q8`): seconds from
 opening it to its first translation, and sentences/s of --page-sentences translated in one call. Each
 speed is also given as a ratio to the teacher's in the same engine. Nothing else should run meanwhile.
 Needs the hf, onnx and ct2 extras, and for the page npm (the page's packages) and Chromium.
@@ -27,6 +28,7 @@ import threading
 import time
 from pathlib import Path
 
+import torch
 from timing import best_of_rounds, load_warning, machine, native_bf16  # beside this script
 
 from transformer_mt.config import DecodingConfig
@@ -109,7 +111,8 @@ def measure(runs: list[Path], sources: list[str], refs: list[str], args: argpars
     for run in runs:
         name, out = run.name, where / run.name
         ct2 = CT2Translator.from_dir(export_ctranslate2(run, out / "ct2-int8", quantization="int8",
-                                                        overwrite=True))
+                                                        overwrite=True),
+                                     exact=False, intra_threads=torch.get_num_threads())
         onnx_dir = export_onnx(run, out / "onnx", overwrite=True)
         ours_by = engines(run, bf16)
         row = found[name] = {**describe(ours_by["float32"]),
