@@ -3,16 +3,17 @@
     python scripts/benchmark_students.py <teacher run> <student run> [...] [--sentences 1000] [--rounds 3]
         [--onnx-sentences 200] [--page-sentences 100] [--no-page] [--out f.json]
 
-Every run is read on the teacher's test split (a student distilled from it holds out the same pairs).
-For each run: its shape and parameters; megabytes on disk (our float32 weights, CTranslate2 int8, the ONNX
-int8 graphs); beam-5 BLEU on the whole split in our engine (float32, bf16 where the CPU has native bf16,
-int8: `decoding.quantize=int8`) and in CTranslate2 int8 (its own batching and search, `exact=False`, on
-as many threads as torch: CTranslate2 at its fastest, as benchmark_decoding.py times it); sentences/s on
-the first --sentences, batched as `transformer-mt translate` does, greedy and beam 5 in each of those,
-best of --rounds rounds alternated across runs and engines; ONNX Runtime int8 greedy one sentence at a
-time (optimum, as the exports are read); and the exported page in headless Chromium with its int8 graphs
+Every run is read on the teacher's test split (a student distilled from it holds out the same pairs). For
+each run: its shape and parameters; megabytes on disk (our float32 weights, CTranslate2 int8, the ONNX int8
+graphs); beam-5 BLEU on the whole split in our engine (float32, bf16 where the CPU has native bf16, int8:
+`decoding.quantize=int8`) and in CTranslate2 int8 (its own batching and search, `exact=False`, on as many
+threads as torch: CTranslate2 at its fastest, as benchmark_decoding.py times it); sentences/s on the first
+--sentences, batched as `transformer-mt translate` does, greedy and beam 5 in each of those, best of
+--rounds rounds alternated across runs and engines; ONNX Runtime int8 greedy one sentence at a time
+(optimum, as the exports are read); and the exported page in headless Chromium with its int8 graphs
 (`?dtype=q8`): seconds from opening it to its first translation, and sentences/s of --page-sentences
-translated in one call. Each speed is also given as a ratio to the teacher's in the same engine. Nothing else should run meanwhile.
+translated in one call. Each speed is also given as a ratio to the teacher's in the same engine. Nothing
+else should run meanwhile.
 Needs the hf, onnx and ct2 extras, and for the page npm (the page's packages) and Chromium.
 """
 
