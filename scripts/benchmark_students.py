@@ -6,8 +6,9 @@
 Every run is read on the teacher's test split (a student distilled from it holds out the same pairs). For
 each run: its shape and parameters; megabytes on disk (our float32 weights, CTranslate2 int8, the ONNX int8
 graphs); beam-5 BLEU on the whole split in our engine (float32, bf16 where the CPU has native bf16, int8:
-`decoding.quantize=int8`) and in CTranslate2 int8 (its own batching and search, `exact=False`, on as many
-threads as torch: CTranslate2 at its fastest, as benchmark_decoding.py times it); sentences/s on the first
+`decoding.quantize=int8`; each also with `decoding.shortlist=true` where the run has a shortlist.json) and
+in CTranslate2 int8 (its own batching and search, `exact=False`, on as many threads as torch: CTranslate2
+at its fastest, as benchmark_decoding.py times it); sentences/s on the first
 --sentences, batched as `transformer-mt translate` does, greedy and beam 5 in each of those, best of
 --rounds rounds alternated across runs and engines; ONNX Runtime int8 greedy one sentence at a time
 (optimum, as the exports are read); and the exported page in headless Chromium with its int8 graphs
@@ -37,6 +38,7 @@ from transformer_mt.data import load_split_tsv
 from transformer_mt.data.split import SPLIT_DIR
 from transformer_mt.decoding.ct2 import CT2Translator
 from transformer_mt.decoding.metrics import score
+from transformer_mt.decoding.shortlist import SHORTLIST_FILE
 from transformer_mt.decoding.translator import Translator
 from transformer_mt.interop.ct2_export import export_ctranslate2
 from transformer_mt.interop.generate import ExportedModel
@@ -48,18 +50,22 @@ GRAPHS = ("encoder_model", "decoder_model_merged")
 CHROMIUM = "/usr/bin/chromium"
 
 
-def engines(run: Path, bf16: bool) -> dict[str, Translator]:
-    """Our engine on the run in each precision: float32, bf16 (native bf16 only), int8."""
+def engines(run: Path, bf16: bool) -> dict[str, tuple[Translator, bool]]:
+    """Our engine on the run in each precision: float32, bf16 (native bf16 only), int8; each also over
+    the run's shortlist where it has one (`decoding.shortlist=true`). Name → (engine, shortlist)."""
     made = {"float32": Translator.from_checkpoint(run, device="cpu", amp="off"),
             "int8": Translator.from_checkpoint(run, device="cpu", decoding=DecodingConfig(quantize="int8"))}
     if bf16:
         made["bf16"] = Translator.from_checkpoint(run, device="cpu", amp="bf16")
-    return made
+    listed = (False, True) if (run / SHORTLIST_FILE).is_file() else (False,)
+    return {f"{name}{' shortlist' if shortlist else ''}": (engine, shortlist)
+            for name, engine in made.items() for shortlist in listed}
 
 
-def ours(engine: Translator, beam: int, texts: list[str]) -> list[str]:
+def ours(engine: Translator, beam: int, texts: list[str], shortlist: bool = False) -> list[str]:
     """Translations as `translate` decodes (batched), without the confidence pass, as typed."""
-    engine.decoding = DecodingConfig(beam_size=beam, confidence=False, quantize=engine.decoding.quantize)
+    engine.decoding = DecodingConfig(beam_size=beam, confidence=False, quantize=engine.decoding.quantize,
+                                     shortlist=shortlist)
     return engine.translate(texts, input_case="model")
 
 
@@ -116,16 +122,16 @@ def measure(runs: list[Path], sources: list[str], refs: list[str], args: argpars
                                      exact=False, intra_threads=torch.get_num_threads())
         onnx_dir = export_onnx(run, out / "onnx", overwrite=True)
         ours_by = engines(run, bf16)
-        row = found[name] = {**describe(ours_by["float32"]),
+        row = found[name] = {**describe(ours_by["float32"][0]),
                              "CTranslate2 int8 MB": size_mb(out / "ct2-int8" / "model.bin"),
                              "ONNX int8 MB": size_mb(*(onnx_dir / "onnx" / f"{g}_quantized.onnx"
                                                        for g in GRAPHS))}
-        for precision, engine in ours_by.items():
-            ours(engine, 1, head[:8])  # warm-up: kernels, thread pool, int8 packing
-            row[f"BLEU ours {precision}"] = round(score(ours(engine, 5, sources), refs).bleu, 2)
+        for precision, (engine, shortlist) in ours_by.items():
+            ours(engine, 1, head[:8], shortlist)  # warm-up: kernels, thread pool, int8 packing
+            row[f"BLEU ours {precision}"] = round(score(ours(engine, 5, sources, shortlist), refs).bleu, 2)
             for beam in (1, 5):
                 timed[f"{name}|ours {precision} {'greedy' if beam == 1 else 'beam 5'}"] = functools.partial(
-                    ours, engine, beam, head)
+                    ours, engine, beam, head, shortlist)
         row["BLEU CTranslate2 int8"] = round(score(ct2.translate(sources, beam_size=5), refs).bleu, 2)
         for beam in (1, 5):
             timed[f"{name}|CTranslate2 int8 {'greedy' if beam == 1 else 'beam 5'}"] = functools.partial(

@@ -29,6 +29,7 @@ from transformer_mt.tables import markdown_table
 SCRIPTS = ROOT / "scripts"
 # Every script (a file with a __main__ block) and the test below that runs it.
 TESTED = {"adaptation_study.py", "average_checkpoints.py", "back_translation.py", "benchmark.py",
+          "build_shortlist.py",
           "benchmark_data.py", "benchmark_decoding.py", "benchmark_documents.py", "benchmark_export.py",
           "benchmark_segmenters.py", "benchmark_serve.py", "benchmark_shapes.py", "benchmark_students.py",
           "measure_glossary.py",
@@ -449,6 +450,18 @@ def test_plot_learning_curve(script, tiny_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "curve.png"
     assert script("plot_learning_curve").main([str(tiny_run), "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_build_shortlist_counts_what_train_wrote(script, tiny_run_copy: Path,
+                                                 capsys: pytest.CaptureFixture) -> None:
+    """A run's shortlist counted again from its recorded dataset and tokenizer is the one `train` wrote."""
+    written = (tiny_run_copy / "shortlist.json").read_text()
+    (tiny_run_copy / "shortlist.json").unlink()
+    script("build_shortlist").main([str(tiny_run_copy)])
+    assert capsys.readouterr().out.strip() == str(tiny_run_copy / "shortlist.json")
+    assert (tiny_run_copy / "shortlist.json").read_text() == written
+    with pytest.raises(SystemExit, match="^error: checkpoint path .* does not exist"):
+        script("build_shortlist").main([str(tiny_run_copy / "missing")])
 
 
 def test_average_checkpoints(script, tiny_run: Path, tmp_path: Path) -> None:

@@ -221,6 +221,9 @@ def _decoding_relations(dc: schema.DecodingConfig) -> list[str]:
     if dc.glossary and dc.sampling:
         found.append("decoding.glossary needs beam or greedy search: its terms are hard constraints; set "
                      "decoding.sampling=false or drop the glossary")
+    if dc.shortlist and dc.sampling:
+        found.append("decoding.shortlist=true is for beam and greedy search; sampling draws from the whole "
+                     "vocabulary: set decoding.sampling=false or decoding.shortlist=false")
     return found
 
 
@@ -272,6 +275,8 @@ def _engine_relations(cfg: commands.EngineConfig) -> list[str]:
         found.append("decoding.alignment=true runs on engine=pytorch (it reads the model's cross-attention)")
     if cfg.engine == "ctranslate2" and cfg.decoding.glossary:
         found.append(GLOSSARY_ON_CT2)
+    if cfg.engine == "ctranslate2" and cfg.decoding.shortlist:
+        found.append("decoding.shortlist=true runs on engine=pytorch: drop it for CTranslate2")
     if cfg.engine == "ctranslate2" and cfg.decoding.quantize != "none":
         found.append(QUANTIZE_ON_CT2)
     elif cfg.engine == "pytorch":

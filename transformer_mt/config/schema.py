@@ -316,6 +316,9 @@ class DecodingConfig(SearchConfig):
     # int8: the model's linear layers with int8 weights and inputs quantized as they come, float32 around
     # them, on the CPU (runtime/quantize.py; docs/decoding.md#int8) | none. Chosen when the engine loads
     quantize: str = "none"
+    # Greedy and beam search score only the target tokens seen with the sentence's tokens in training, the
+    # most frequent ones and its own (the run's shortlist.json: decoding/shortlist.py, docs/decoding.md)
+    shortlist: bool = False
 
 
 @dataclass

@@ -19,14 +19,18 @@ from transformer_mt.decoding.constrained import TermSearch, limits
 from transformer_mt.decoding.constraints import Constraints
 from transformer_mt.decoding.search import (
     DEFAULT,
+    Columns,
     DecodingStopped,
     Ends,
     Hypothesis,
     StopCheck,
+    as_ids,
     decode_step,
     forced_at,
+    forced_columns,
     forced_tokens,
     gnmt_penalty,
+    new_cache,
     src_attention,
     step_log_probs,
 )
@@ -34,14 +38,14 @@ from transformer_mt.model import DecoderCache, Transformer
 
 
 def _first_or_next_step(model: Transformer, prefix: Tensor, memory: Tensor, src_pad: Tensor,
-                        cache: DecoderCache | None, K: int, t: int,
-                        need_attention: bool) -> tuple[Tensor, Tensor | None]:
+                        cache: DecoderCache | None, K: int, t: int, need_attention: bool,
+                        columns: Columns | None) -> tuple[Tensor, Tensor | None]:
     """Logits (A*K, V) of every beam's next token. Before the first token the K beams of a sentence
     are identical: decode one row per sentence, then give each beam a copy of its self-attention
     state. Memory and cross-attention K/V keep one row per sentence, shared by its beams. Without a
     cache (the slow reference) every step decodes each beam's whole prefix."""
     if cache is None:
-        return decode_step(model, prefix, memory, src_pad, None, need_attention)
+        return decode_step(model, prefix, memory, src_pad, None, need_attention, columns)
     if t > 0:
         return decode_step(model, prefix[:, -1:], memory, src_pad, cache, need_attention)
     logits, attn = decode_step(model, prefix[::K, -1:], memory, src_pad, cache, need_attention)
@@ -136,7 +140,8 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
                 n_best: int = DEFAULT.n_best, return_attention: bool = False, exhaustive: bool = False,
                 prefixes: Sequence[Sequence[int]] | None = None, use_cache: bool = True,
                 constraints: Constraints | None = None, per_bank: bool = False,
-                should_stop: StopCheck | None = None) -> list[list[Hypothesis]]:
+                should_stop: StopCheck | None = None,
+                columns: Columns | None = None) -> list[list[Hypothesis]]:
     """Batched beam search (fairseq-style) returning the n_best hypotheses per sentence.
 
     The batch is flattened to (A * K) rows, A live sentences × K beams. Each step takes the top 2K
@@ -144,18 +149,22 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
     + 1), the first K non-eos ones become the new beams. K=1 is exactly greedy. Done sentences leave the
     batch and the cache. With prefixes, every beam of a sentence starts with its prefix's token ids. With
     constraints (target terms), every hypothesis holds its sentence's terms (per_bank: `bank_greedy_search`).
+    With columns (`Shortlist.columns`), each sentence's beams extend with its own target ids only.
     use_cache=False: the slow reference."""
     DecodingConfig(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a,
                    max_len_b=max_len_b, n_best=n_best).check()
+    if columns is not None and constraints is not None:
+        raise ValueError("target terms search the whole vocabulary: give no shortlist columns with them")
     K, alpha, ends, device = beam_size, length_penalty, Ends(bos_id, eos_id, max_len_a, max_len_b), src.device
     B = src.size(0)
     memory, src_pad = model.encode(src)  # once per sentence: (A, S, d), (A, S)
     sentence_pad = src_pad  # (B, S), kept for the attention of sentences that leave the batch
     forced = forced_tokens(prefixes, B, device)
     max_len = limits(ends.limits(model, src, forced), forced, constraints, model.config.max_positions)  # (A,)
+    forced = forced_columns(forced, columns)  # (the limits above count its ids)
     terms = None if constraints is None else TermSearch(constraints, K, eos_id, per_bank)
     on_device = torch.tensor(max_len, device=device), torch.arange(B, device=device)  # max_len, sent_ids
-    cache = model.new_cache() if use_cache else None
+    cache = new_cache(model, columns) if use_cache else None
     sent_ids = list(range(B))  # original index of each live sentence
     scores = torch.zeros(B, K, dtype=torch.float64, device=device)
     scores[:, 1:] = float("-inf")  # all beams start identical: expand only beam 0 at first
@@ -167,12 +176,14 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
     while sent_ids:
         if should_stop is not None and should_stop():
             raise DecodingStopped(f"beam search stopped by its caller at step {t}")
-        logits, attn = _first_or_next_step(model, prefix, memory, src_pad, cache, K, t, return_attention)
+        logits, attn = _first_or_next_step(model, prefix, memory, src_pad, cache, K, t, return_attention,
+                                           columns)
         at_max = (t >= on_device[0]).repeat_interleave(K)  # (copies to a GPU would wait for it too)
         step = forced_at(forced, on_device[1], t)
         logp = step_log_probs(logits, ends, model.pad_id, at_max,
-                               step.repeat_interleave(K) if step is not None else None)
+                               step.repeat_interleave(K) if step is not None else None, columns is not None)
         top_scores, top_tok, top_row = _choose(logp, scores, K, terms, on_device[0] - t - 1)
+        top_tok = as_ids(top_tok, columns)
         is_eos = top_tok == eos_id
         if trail is not None and attn is not None:
             trail.add(attn)
@@ -194,6 +205,7 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
             sent_ids, max_len = [sent_ids[a] for a in keep], [max_len[a] for a in keep]
             on_device = on_device[0][keep_t], on_device[1][keep_t]
             memory, src_pad = memory[keep_t], src_pad[keep_t]
+            columns = columns.kept(keep_t) if columns is not None else None
             if cache is not None:
                 cache.reorder(rows.view(-1), cross_index=keep_t)
             if terms is not None:

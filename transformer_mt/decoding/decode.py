@@ -17,7 +17,8 @@ from transformer_mt.data import length_sorted_batches, pad_sources
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.decoding.beam import bank_greedy_search, beam_search
 from transformer_mt.decoding.constraints import Constraints, TermIds, WordEdges, shortest
-from transformer_mt.decoding.search import Hypothesis, StopCheck, greedy_search, sample
+from transformer_mt.decoding.search import Hypothesis, StopCheck, forced_tokens, greedy_search, sample
+from transformer_mt.decoding.shortlist import Shortlist
 from transformer_mt.model import Transformer
 from transformer_mt.runtime.device import autocast
 
@@ -34,14 +35,16 @@ def decode_ids(
     should_stop: StopCheck | None = None,
     terms: Sequence[Sequence[TermIds]] | None = None,
     edges: WordEdges | None = None,
+    shortlist: Shortlist | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode token-id sources (without eos) and return each sentence's n-best list, input order kept;
     under autocast to `amp` when given (the searches score in float32 and float64 all the same). With
     prefixes (target token ids per sentence), each output starts with its own. With terms (per
     sentence, its target terms, each the ids of its variants: `constraints.term_variants`, kept by
     `constraints.fit_terms`), every output holds each of its sentence's terms (as whole words, given the
-    vocabulary's `edges`; a sentence that cannot have them so gets no hypothesis). should_stop is asked
-    once per decoding step; True ends the decoding with `DecodingStopped`."""
+    vocabulary's `edges`; a sentence that cannot have them so gets no hypothesis). With a shortlist, greedy
+    and beam search score each sentence's own target ids only (not sampling, nor a batch with terms).
+    should_stop is asked once per decoding step; True ends the decoding with `DecodingStopped`."""
     was_training = model.training
     model.eval()
     results: list[list[Hypothesis]] = [[] for _ in src_ids]
@@ -53,7 +56,7 @@ def decode_ids(
                 forced = [prefixes[i] for i in batch] if prefixes else None
                 hard = [terms[i] for i in batch] if terms else None
                 found = _search(model, src, decoding, return_attention, generator, forced, should_stop, hard,
-                                edges)
+                                edges, shortlist)
                 for i, hyps in zip(batch, found):
                     results[i] = hyps
     finally:
@@ -81,10 +84,13 @@ def _widest(decoding: DecodingConfig, terms: Sequence[Sequence[TermIds]] | None)
 def _search(model: Transformer, src: torch.Tensor, decoding: DecodingConfig, return_attention: bool,
             generator: torch.Generator | None, prefixes: Sequence[Sequence[int]] | None,
             should_stop: StopCheck | None, terms: Sequence[Sequence[TermIds]] | None = None,
-            edges: WordEdges | None = None) -> list[list[Hypothesis]]:
+            edges: WordEdges | None = None, shortlist: Shortlist | None = None) -> list[list[Hypothesis]]:
     """The search `decoding` asks for: sampling, greedy (beam 1) or beam search."""
     ends = _ends(decoding, prefixes, should_stop)
     terms = terms if terms and any(terms) else None  # no term at all: the searches as they are without
+    columns = None
+    if shortlist is not None and terms is None and not decoding.sampling:
+        columns = shortlist.columns(src, forced_tokens(prefixes, src.size(0), src.device))
     if decoding.sampling:
         if terms is not None:
             raise ValueError("target terms need beam or greedy search, not sampling")
@@ -94,11 +100,11 @@ def _search(model: Transformer, src: torch.Tensor, decoding: DecodingConfig, ret
         return _greedy_with_terms(model, src, decoding, return_attention, prefixes, should_stop, terms, edges)
     if decoding.beam_size == 1:
         return greedy_search(model, src, use_cache=decoding.use_cache, return_attention=return_attention,
-                             **ends)
+                             columns=columns, **ends)
     constraints = Constraints.build(terms, src.device, edges) if terms is not None else None
     return beam_search(model, src, beam_size=decoding.beam_size, length_penalty=decoding.length_penalty,
                        n_best=decoding.n_best, return_attention=return_attention, constraints=constraints,
-                       **ends)
+                       columns=columns, **ends)
 
 
 def _ends(decoding: DecodingConfig, prefixes: Sequence[Sequence[int]] | None,

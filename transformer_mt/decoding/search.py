@@ -13,6 +13,10 @@ Two rules are shared with the CTranslate2 engine (`transformer_mt.decoding.ct2`)
 `tokens` never include bos/eos, and the search never emits pad or bos. Arguments that are also
 settings (`decoding.*`) default to the config's values and obey its rules (`DecodingConfig.check`).
 
+Greedy and beam search may score a shortlist's target ids only (`Columns`: `decoding/shortlist.py`): the
+logits' columns are then those ids, <eos> first (`EOS_COLUMN`), each sentence's log-probs over its own
+columns alone, and the chosen columns become ids again before anything else sees them.
+
 Every search asks `should_stop` (a host-side callable, no device read) once per step and raises
 `DecodingStopped` when it answers True: a caller whose requester is gone frees the model within a step.
 """
@@ -31,7 +35,26 @@ from transformer_mt.model import DecoderCache, Transformer
 from transformer_mt.model.attention import free_to_read
 
 DEFAULT = DecodingConfig()  # the search arguments' defaults: `decoding`'s own
+EOS_COLUMN = 0  # where a shortlist puts <eos> among each sentence's columns
 StopCheck = Callable[[], bool]  # asked once per step: True stops the search (DecodingStopped)
+
+
+@dataclass(frozen=True)
+class Columns:
+    """A batch's shortlist: the target ids (U,) the logits' columns stand for, <eos> at EOS_COLUMN, and
+    own (A, U): which of them each sentence may write."""
+
+    ids: Tensor
+    own: Tensor
+
+    def kept(self, rows: Tensor | list[int]) -> Columns:
+        """The columns of the sentences at rows, in that order."""
+        return Columns(self.ids, self.own[rows])
+
+
+def new_cache(model: Transformer, columns: Columns | None) -> DecoderCache:
+    """The model's decoding cache, computing the columns' logits alone where a shortlist is given."""
+    return model.new_cache() if columns is None else model.new_cache(columns.ids, columns.own)
 
 
 class DecodingStopped(Exception):
@@ -118,15 +141,38 @@ def _only(logp: Tensor, tokens: Tensor, rows: Tensor) -> Tensor:
 
 
 def step_log_probs(logits: Tensor, ends: Ends, pad_id: int, at_max: Tensor,
-                    forced: Tensor | None = None) -> Tensor:
+                    forced: Tensor | None = None, shortlisted: bool = False) -> Tensor:
     """Last-position logits (N, V) → float log-probs: pad and bos impossible, the prefix token forced
-    where `forced` (N,) holds one (not -1), eos forced where at_max."""
+    where `forced` (N,) holds one (not -1), eos forced where at_max. Shortlisted: the logits are over
+    each sentence's columns (N, k), which hold no pad or bos, <eos> at EOS_COLUMN; `forced` holds columns."""
     logp = torch.log_softmax(logits.float(), dim=-1)
-    for banned in {pad_id, ends.bos_id} - {ends.eos_id}:
+    for banned in set() if shortlisted else {pad_id, ends.bos_id} - {ends.eos_id}:
         logp[:, banned] = float("-inf")
     if forced is not None:
         logp = _only(logp, forced.clamp(min=0), forced >= 0)
-    return _only(logp, torch.full_like(at_max, ends.eos_id, dtype=torch.long), at_max)
+    eos = EOS_COLUMN if shortlisted else ends.eos_id
+    return _only(logp, torch.full_like(at_max, eos, dtype=torch.long), at_max)
+
+
+def forced_columns(forced: Tensor | None, columns: Columns | None) -> Tensor | None:
+    """Forced prefix ids (B, P) as columns (-1 stays -1); the ids themselves without a shortlist. A
+    shortlist holds its sentences' prefixes (Shortlist.columns)."""
+    if forced is None or columns is None:
+        return forced
+    found = columns.ids == forced[..., None]  # (B, P, U)
+    return torch.where(forced >= 0, found.int().argmax(-1), -1)
+
+
+def shortlisted_logits(logits: Tensor, columns: Columns) -> Tensor:
+    """Whole-vocabulary logits (N, V), N = A sentences × G consecutive rows, → (N, U) over the columns,
+    -inf where one is not the row's sentence's own: what a cache with columns computes directly."""
+    own = columns.own.repeat_interleave(logits.size(0) // columns.own.size(0), dim=0)
+    return logits[:, columns.ids].masked_fill(~own, float("-inf"))
+
+
+def as_ids(chosen: Tensor, columns: Columns | None) -> Tensor:
+    """Chosen columns as token ids (any shape); ids stay ids without a shortlist."""
+    return chosen if columns is None else columns.ids[chosen]
 
 
 def forced_at(forced: Tensor | None, rows: Tensor, t: int) -> Tensor | None:
@@ -141,12 +187,20 @@ def src_attention(attn: Tensor, src_pad: Tensor) -> Tensor:
 
 
 def decode_step(model: Transformer, tokens: Tensor, memory: Tensor, src_pad: Tensor,
-                 cache: DecoderCache | None, need_attention: bool) -> tuple[Tensor, Tensor | None]:
-    """Run the decoder; return last-position logits (N, V) and attention (N, layers, H, S) or None."""
+                 cache: DecoderCache | None, need_attention: bool,
+                 columns: Columns | None = None) -> tuple[Tensor, Tensor | None]:
+    """Run the decoder; return last-position logits (N, V) and attention (N, layers, H, S) or None. With
+    columns, logits (N, U) over them (`shortlisted_logits`): a cache made with them computes those alone."""
+    attn = None
     if need_attention:
         logits, attn = model.decode(tokens, memory, src_pad, cache, need_attention=True)
-        return logits[:, -1], attn[:, :, :, -1]
-    return model.decode(tokens, memory, src_pad, cache)[:, -1], None
+        attn = attn[:, :, :, -1]
+    else:
+        logits = model.decode(tokens, memory, src_pad, cache)
+    logits = logits[:, -1]
+    if columns is not None and cache is None:
+        logits = shortlisted_logits(logits, columns)
+    return logits, attn
 
 
 # -- greedy search and sampling: one hypothesis per sentence, left to right ----------------------
@@ -159,17 +213,20 @@ LOOK_EVERY = 8
 @torch.inference_mode()
 def _left_to_right(model: Transformer, src: Tensor, choose: Callable[[Tensor], Tensor], ends: Ends,
                    use_cache: bool, return_attention: bool, forced: Tensor | None = None,
-                   should_stop: StopCheck | None = None) -> list[list[Hypothesis]]:
+                   should_stop: StopCheck | None = None,
+                   columns: Columns | None = None) -> list[list[Hypothesis]]:
     """The loop greedy search and sampling share. `choose` maps log-probs (N, V) to next tokens (N,);
-    `forced` (B, P) holds each sentence's prefix (-1 padded). Finished sentences leave the batch (and
-    the cache) at the next look, so later steps pay only for live ones; until then they repeat <eos>."""
+    `forced` (B, P) holds each sentence's prefix (-1 padded); `columns` the batch's shortlist.
+    Finished sentences leave the batch (and the cache) at the next look, so later steps pay only for live
+    ones; until then they repeat <eos>."""
     B = src.size(0)
     memory, src_pad = model.encode(src)
     limits = ends.limits(model, src, forced)
     max_len = torch.tensor(limits, device=src.device)  # (B,)
     horizon = max(limits, default=0) + 1  # every sentence has ended after this many steps
     every = 1 if return_attention or free_to_read(src) else LOOK_EVERY
-    cache = model.new_cache() if use_cache else None
+    cache = new_cache(model, columns) if use_cache else None
+    forced = forced_columns(forced, columns)
     alive = torch.arange(B, device=src.device)  # original index of each row
     prefix = torch.full((B, 1), ends.bos_id, dtype=torch.long, device=src.device)  # (N, 1 + t)
     scores = torch.zeros(B, dtype=torch.float64, device=src.device)
@@ -182,10 +239,12 @@ def _left_to_right(model: Transformer, src: Tensor, choose: Callable[[Tensor], T
         if should_stop is not None and should_stop():
             raise DecodingStopped(f"greedy search stopped by its caller at step {t}")
         logits, attn = decode_step(model, prefix[:, -1:] if use_cache else prefix, memory, src_pad, cache,
-                                    return_attention)
-        logp = step_log_probs(logits, ends, model.pad_id, t >= max_len, forced_at(forced, alive, t))
+                                    return_attention, columns)
+        logp = step_log_probs(logits, ends, model.pad_id, t >= max_len, forced_at(forced, alive, t),
+                              columns is not None)
         nxt = choose(logp)  # (N,)
         gained = logp.gather(1, nxt[:, None]).squeeze(1).double()
+        nxt = as_ids(nxt, columns)
         if every > 1:  # rows that ended already repeat <eos> at no cost
             nxt, gained = nxt.masked_fill(ended, ends.eos_id), gained.masked_fill(ended, 0.0)
         scores += gained
@@ -208,6 +267,7 @@ def _left_to_right(model: Transformer, src: Tensor, choose: Callable[[Tensor], T
         keep = (~ended).nonzero().squeeze(1)
         alive, prefix, scores, max_len, ended = (x[keep] for x in (alive, prefix, scores, max_len, ended))
         memory, src_pad = memory[keep], src_pad[keep]
+        columns = columns.kept(keep) if columns is not None else None
         if cache is not None:
             cache.reorder(keep)
     return [[h] for h in hyps if h is not None]
@@ -217,13 +277,15 @@ def greedy_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
                   max_len_a: float = DEFAULT.max_len_a, max_len_b: int = DEFAULT.max_len_b,
                   use_cache: bool = DEFAULT.use_cache, return_attention: bool = False,
                   prefixes: Sequence[Sequence[int]] | None = None,
-                  should_stop: StopCheck | None = None) -> list[list[Hypothesis]]:
+                  should_stop: StopCheck | None = None,
+                  columns: Columns | None = None) -> list[list[Hypothesis]]:
     """Arg-max decoding; use_cache=False recomputes the whole prefix each step (slow reference).
-    With prefixes, each output starts with its sentence's token ids, then continues freely."""
+    With prefixes, each output starts with its sentence's token ids, then continues freely. With columns
+    (`Shortlist.columns`), each sentence chooses among its own target ids only."""
     DecodingConfig(max_len_a=max_len_a, max_len_b=max_len_b).check()
     return _left_to_right(model, src, lambda logp: logp.argmax(dim=-1),
                           Ends(bos_id, eos_id, max_len_a, max_len_b), use_cache, return_attention,
-                          forced_tokens(prefixes, src.size(0), src.device), should_stop)
+                          forced_tokens(prefixes, src.size(0), src.device), should_stop, columns)
 
 
 def sample(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,

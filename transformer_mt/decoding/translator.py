@@ -41,6 +41,7 @@ from transformer_mt.decoding.glossary import Entry, Glossary, TermUse, sentence_
 from transformer_mt.decoding.glossary_user import GlossaryUser
 from transformer_mt.decoding.scoring import PairScore, forced_attention, score_pairs
 from transformer_mt.decoding.search import StopCheck
+from transformer_mt.decoding.shortlist import Shortlist, read_shortlist
 from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.model import Ensemble, Transformer
 from transformer_mt.runtime.device import Precision, select_device
@@ -255,6 +256,7 @@ class Translator(TextTranslator):
         self.limit_inputs(model.config.max_positions, max_input_tokens)
         self.info = info or {}
         self.rater = Rater(None)
+        self.shortlist: Shortlist | None = None  # the run's, read when decoding.shortlist asks for it
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | torch.device = "auto",
@@ -285,6 +287,7 @@ class Translator(TextTranslator):
         engine.language_id(tgt_lang)  # a language the model lacks: one line now, not at the first sentence
         engine.tgt_lang = tgt_lang or engine.tgt_lang
         engine.known_words = word_list(state)
+        engine.shortlist_for(engine.decoding)  # decoding.shortlist=true without one: one line now
         calibration = None if len(loaded) > 1 else read_calibration(file.parent, weights_fingerprint(model))
         how = f"fit one with: transformer-mt evaluate checkpoint={file} split=valid calibrate=true"
         engine.rater = Rater(calibration, f"{how} (docs/confidence.md)")
@@ -310,11 +313,12 @@ class Translator(TextTranslator):
         hyps = decode_ids(self.model, [ids[i] for i in real], decoding, self.device, amp=self.precision.dtype,
                           prefixes=[forced[i] for i in real] if forced else None, should_stop=should_stop,
                           terms=[hard[i] for i in real] if hard else None,
-                          edges=self.edges() if hard else None)
+                          edges=self.edges() if hard else None, shortlist=self.shortlist_for(decoding))
         lost = [k for k, h in enumerate(hyps) if not h]  # no way to write its terms as words in its limit
         if lost:
             again = decode_ids(self.model, [ids[real[k]] for k in lost], decoding, self.device,
                                amp=self.precision.dtype, should_stop=should_stop,
+                               shortlist=self.shortlist_for(decoding),
                                prefixes=[forced[real[k]] for k in lost] if forced else None)
             for k, h in zip(lost, again):
                 hyps[k] = h
@@ -354,6 +358,18 @@ class Translator(TextTranslator):
             for t in nbest:
                 t.terms = terms_used(terms[i], refused[i], t.text)  # type: ignore[index]
         return results
+
+    def shortlist_for(self, decoding: DecodingConfig) -> Shortlist | None:
+        """The shortlist the search uses: the run's (its first model's, in an ensemble) where
+        decoding.shortlist asks for one, read once; None where it does not."""
+        if not decoding.shortlist:
+            return None
+        if self.shortlist is None:
+            if "checkpoint" not in self.info:
+                raise ConfigError("decoding.shortlist=true needs the engine loaded from a run "
+                                  "(Translator.from_checkpoint), whose shortlist.json it reads")
+            self.shortlist = read_shortlist(Path(self.info["checkpoint"]).parent, self.vocab)
+        return self.shortlist
 
     def score(self, sources: list[str], targets: list[str], batch_tokens: int | None = None,
               tgt_lang: str | None = None) -> list[PairScore]:

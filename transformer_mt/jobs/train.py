@@ -1,7 +1,7 @@
 """The `train` job: Hydra's view of the run (its directory, overrides, job number); what the run starts from
 (training/start.py), then its plan (plan/: `training.plan=auto`, or a resumed run's own), then the Trainer
 with the planned config (training/trainer.py); at the end, confidence calibrated on held-out pairs
-(decoding/calibration.py)."""
+(decoding/calibration.py) and the shortlist counted from the training pairs (decoding/shortlist.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from hydra.types import RunMode
 from transformer_mt import plan as planning
 from transformer_mt.config import TrainConfig
 from transformer_mt.decoding.calibration import calibrate_run
+from transformer_mt.decoding.shortlist import write_shortlist
 from transformer_mt.training import distributed, rundir
 from transformer_mt.training.start import start_run
 from transformer_mt.training.trainer import Trainer
@@ -37,8 +38,11 @@ def train(cfg: TrainConfig) -> float:
     with claim, _log_file(run_dir):  # one run at a time in the directory, for the run's life
         trainer = build_trainer(cfg, run_dir, overrides, job)
         best = trainer.fit()
+        ended = not trainer.interrupt.requested and distributed.current().is_main
+        if ended:
+            write_shortlist(run_dir, trainer.data.train.src_ids, trainer.data.train.tgt_ids, trainer.vocab)
         sentences = cfg.training.calibration_sentences
-        if sentences and not trainer.interrupt.requested and distributed.current().is_main:
+        if sentences and ended:
             calibrate_run(run_dir, sentences, cfg.decoding, cfg.device)
     if trainer.interrupt.requested and multirun:
         log.warning("sweep interrupted: the remaining jobs were not started")  # Ctrl-C stops the sweep

@@ -100,12 +100,18 @@ class DecoderCache:
     of a sentence then attend to its keys together, with no copies of memory or of its K/V.
     """
 
-    def __init__(self, num_layers: int) -> None:
+    def __init__(self, num_layers: int, columns: Tensor | None = None, own: Tensor | None = None) -> None:
         self.length: int = 0  # number of target positions already processed
         self.beams: int = 1  # decoder rows per cross-attention row (set by beam search)
         self.self_kv: list[tuple[Tensor, Tensor] | None] = [None] * num_layers
         self.cross_kv: list[tuple[Tensor, Tensor] | None] = [None] * num_layers
-        self.output_weight: Tensor | None = None  # (D, V) copy for this search (Transformer._project)
+        # A shortlist: the target ids (U,) the logits are computed for (None: the whole vocabulary), and
+        # own (A, U), which of them each sentence may write (one row per sentence, as cross-attention K/V)
+        self.columns, self.own = columns, own
+        # For this search (Transformer._project): a (D, V) copy of the output weight, or (D, U) of its
+        # columns; with them, an (A, 1, U) bias: -inf where a column is not the sentence's own
+        self.output_weight: Tensor | None = None
+        self.output_bias: Tensor | None = None
 
     def reorder(self, index: Tensor, cross_index: Tensor | None = None) -> None:
         """Keep decoder rows `index` (beam reordering, batch shrinking), in place.
@@ -121,6 +127,9 @@ class DecoderCache:
             for i, kv in enumerate(kvs):
                 if kv is not None:
                     kvs[i] = (kv[0].index_select(0, idx), kv[1].index_select(0, idx))
+        if cross_index is not None and self.own is not None:
+            self.own = self.own.index_select(0, cross_index)
+            self.output_bias = None  # made again for the sentences kept
 
 
 # --------------------------------------------------------------------------------------------

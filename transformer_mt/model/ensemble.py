@@ -94,5 +94,5 @@ class Ensemble(nn.Module):
         same = all(a.shape == attention[0].shape for a in attention)
         return mixed, torch.stack(attention).mean(0) if same else attention[0]
 
-    def new_cache(self) -> EnsembleCache:
-        return EnsembleCache([m.new_cache() for m in self.models])
+    def new_cache(self, columns: Tensor | None = None, own: Tensor | None = None) -> EnsembleCache:
+        return EnsembleCache([m.new_cache(columns, own) for m in self.models])

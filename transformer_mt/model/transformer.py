@@ -337,7 +337,10 @@ class Transformer(nn.Module):
         matrix kernels are faster on that layout than on the (V, D) one training updates, and under
         autocast the copy is already in the autocast dtype. A cache lives for one search, so the copy
         never outlives the weights it was taken from. A projection swapped for another kind of module (an
-        int8 one, runtime/quantize.py) keeps its weight packed for its own kernel: it is called as it is."""
+        int8 one, runtime/quantize.py) keeps its weight packed for its own kernel: it is called as it is.
+        A cache with columns (a shortlist) gets logits (B, T, U) over those columns."""
+        if cache is not None and cache.columns is not None and not torch.is_grad_enabled():
+            return self._project_columns(h, cache)
         if (cache is None or torch.is_grad_enabled() or not isinstance(self.output_projection, nn.Linear)
                 or self.output_projection.weight.device.type != "cpu"):
             return self.output_projection(h)
@@ -347,14 +350,35 @@ class Transformer(nn.Module):
             cache.output_weight = w.detach().t().contiguous().to(dtype)  # (D, V)
         return h @ cache.output_weight
 
+    def _project_columns(self, h: Tensor, cache: DecoderCache) -> Tensor:
+        """Output projection onto the cache's columns: (B, T, D) → (B, T, U), B = A sentences × G
+        consecutive rows each, -inf where a column is not the sentence's own (cache.own). The columns'
+        weight is copied at the search's first step (an int8 projection's dequantized: the copy is small,
+        and one float product over a few hundred columns costs less than quantizing its input)."""
+        assert cache.columns is not None and cache.own is not None
+        where = h.device.type
+        dtype = torch.get_autocast_dtype(where) if torch.is_autocast_enabled(where) else h.dtype
+        if cache.output_weight is None:
+            proj = self.output_projection
+            w = proj.weight if isinstance(proj, nn.Linear) else proj.weight().dequantize()
+            cache.output_weight = w.detach()[cache.columns].t().contiguous().to(dtype)  # (D, U)
+        if cache.output_bias is None:
+            cache.output_bias = torch.zeros(cache.own.shape, dtype=dtype, device=h.device).masked_fill(
+                ~cache.own, float("-inf"))[:, None]  # (A, 1, U)
+        B, T, _ = h.shape
+        A, _, U = cache.output_bias.shape
+        return ((h @ cache.output_weight).view(A, B // A * T, U) + cache.output_bias).view(B, T, U)
+
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V); pad_id in tgt_in is masked as a self-attention key."""
         memory, src_pad_mask = self.encode(src)
         return self.decode(tgt_in, memory, src_pad_mask)
 
-    def new_cache(self) -> DecoderCache:
-        """An empty incremental-decoding cache for this model's decoder."""
-        return DecoderCache(self.config.decoder_layers)
+    def new_cache(self, columns: Tensor | None = None, own: Tensor | None = None) -> DecoderCache:
+        """An empty incremental-decoding cache for this model's decoder; with columns (U,) target ids and
+        own (A, U), logits over those ids alone, each sentence's own only (a shortlist:
+        decoding/shortlist.py)."""
+        return DecoderCache(self.config.decoder_layers, columns, own)
 
     def num_parameters(self) -> int:
         """Number of distinct trainable parameters (shared weights counted once)."""
