@@ -242,3 +242,47 @@ def test_the_export_carries_the_calibration_and_rates_as_pytorch(
     write_calibration(run, other)
     again = export_ctranslate2(run, tmp_path / "ct2-other", quantization="float32")
     assert not (again / CALIBRATION_FILE).exists()
+
+
+def test_the_runs_shortlist_travels_as_ctranslate2s_vocabulary_map(post_norm: Path,
+                                                                   pairs: tuple[list[str], list[str]],
+                                                                   tmp_path: Path) -> None:
+    """The export writes the run's shortlist as vmap.txt; `decoding.shortlist=true` makes CTranslate2 use
+    it, one sentence at a time the same lists as ours (CTranslate2 adds <unk> and <s> to every list)."""
+    import shutil
+
+    from transformer_mt.data.ragged import Ragged
+    from transformer_mt.decoding.shortlist import read_shortlist, write_shortlist
+
+    run = Path(shutil.copytree(post_norm, tmp_path / "run"))
+    plain = export_ctranslate2(run, tmp_path / "plain", quantization="float32")
+    assert not (plain / "vmap.txt").exists()
+    with pytest.raises(ExportError, match="has no vmap.txt; export the run again"):
+        CT2Translator.from_dir(plain, decoding=DecodingConfig(shortlist=True))
+    reference = Translator.from_checkpoint(run, device="cpu", amp="off")
+    vocab = reference.vocab
+    en, fr = pairs
+    write_shortlist(run, Ragged.from_lists(vocab.encode_src(en)), Ragged.from_lists(vocab.encode_tgt(fr)),
+                    vocab)
+    shortlist = read_shortlist(run, vocab)
+    model_dir = export_ctranslate2(run, tmp_path / "ct2", quantization="float32")
+    lines = (model_dir / "vmap.txt").read_text(encoding="utf-8").splitlines()
+    assert lines[0] == "\t" + " ".join(vocab.tgt.id_to_token(i) for i in shortlist.frequent.tolist())
+    mapped = dict(line.split("\t") for line in lines[1:])
+    for s in (5, 50, 200):
+        row = [shortlist.identity[s].item(), *(t for t in shortlist.table[s].tolist() if t >= 0)]
+        assert mapped[vocab.src.id_to_token(s)].split(" ") == [vocab.tgt.id_to_token(t) for t in row]
+    decoding = DecodingConfig(beam_size=1, shortlist=True, confidence=False)
+    ours = Translator.from_checkpoint(run, device="cpu", amp="off", decoding=decoding)
+    theirs = CT2Translator.from_dir(model_dir, intra_threads=1, decoding=decoding)
+    sentences = en[:60]
+    same = sum(ours.translate([s]) == theirs.translate([s]) for s in sentences)
+    print(f"shortlist, one sentence at a time: {same}/{len(sentences)} identical to ours")
+    assert same >= 0.9 * len(sentences)
+    few = vocab.encode_tgt(["le chat"])[0]
+    (model_dir / "vmap.txt").write_text("\t" + " ".join(map(vocab.tgt.id_to_token, few)) + "\n",
+                                        encoding="utf-8")
+    narrow = CT2Translator.from_dir(model_dir, intra_threads=1, decoding=decoding)  # the flag obeys the file
+    written = {t for out in narrow.translate_nbest(sentences, return_attention=True) for t in out[0].tokens}
+    allowed = set(vocab.tgt_tokens_from_ids(few)) | {"<unk>"}
+    assert written and written <= allowed, written - allowed

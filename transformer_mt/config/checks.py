@@ -275,8 +275,6 @@ def _engine_relations(cfg: commands.EngineConfig) -> list[str]:
         found.append("decoding.alignment=true runs on engine=pytorch (it reads the model's cross-attention)")
     if cfg.engine == "ctranslate2" and cfg.decoding.glossary:
         found.append(GLOSSARY_ON_CT2)
-    if cfg.engine == "ctranslate2" and cfg.decoding.shortlist:
-        found.append("decoding.shortlist=true runs on engine=pytorch: drop it for CTranslate2")
     if cfg.engine == "ctranslate2" and cfg.decoding.quantize != "none":
         found.append(QUANTIZE_ON_CT2)
     elif cfg.engine == "pytorch":

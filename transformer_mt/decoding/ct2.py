@@ -41,6 +41,7 @@ from transformer_mt.runtime.files import META_FILE
 
 log = logging.getLogger(__name__)
 _INSTALL = "pip install 'transformer-mt[ct2]'"
+VMAP_FILE = "vmap.txt"  # the export's shortlist as CTranslate2 reads it (decoding/shortlist.py::vmap_lines)
 
 
 def ctranslate2_module() -> Any:
@@ -89,6 +90,10 @@ class CT2Translator(TextTranslator):
         if not (path / META_FILE).is_file() or not ct2.contains_model(str(path)):
             raise ExportError(f"{path} is not a CTranslate2 export of transformer-mt (no {META_FILE} or "
                               "model.bin); create one with: transformer-mt export checkpoint=<run>")
+        if decoding is not None and decoding.shortlist and not (path / VMAP_FILE).is_file():
+            raise ExportError(f"decoding.shortlist=true: {path} has no {VMAP_FILE}; export the run again "
+                              "once it has a shortlist.json (scripts/build_shortlist.py), or set "
+                              "decoding.shortlist=false")
         meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
         vocab = Vocabulary.load(path)
         try:
@@ -131,6 +136,7 @@ class CT2Translator(TextTranslator):
             max_input_length=0,  # inputs are already cut to the positions the model has
             return_scores=True, return_end_token=True, return_attention=return_attention,
             suppress_sequences=self._banned if suppress else None,
+            use_vmap=decoding.shortlist,  # CTranslate2's own: one list for a batch (docs/decoding.md)
         )
         if decoding.sampling:
             options.update(sampling_topk=decoding.top_k, sampling_topp=decoding.top_p,

@@ -134,6 +134,20 @@ def _identity(vocab: Vocabulary) -> Tensor:
     return out
 
 
+def vmap_lines(shortlist: Shortlist, vocab: Vocabulary) -> list[str]:
+    """The shortlist as CTranslate2's vocabulary map (`vmap.txt`, its `use_vmap`): `<TAB>` then the tokens
+    every sentence may use, then a line `source token<TAB>target tokens` for each source token; token
+    strings, space-separated (none of a BPE or unigram vocabulary holds a space or a tab)."""
+    def tgt(ids: list[int]) -> str:
+        return " ".join(vocab.tgt.id_to_token(i) for i in ids if i >= 0)
+
+    lines = [f"\t{tgt(shortlist.frequent.tolist())}"]
+    for s, (row, same) in enumerate(zip(shortlist.table.tolist(), shortlist.identity.tolist(), strict=True)):
+        if s not in (PAD_ID, BOS_ID, EOS_ID) and (row[0] >= 0 or same >= 0):
+            lines.append(f"{vocab.src.id_to_token(s)}\t{tgt([same, *row])}")
+    return lines
+
+
 def write_shortlist(run_dir: Path, src: Ragged, tgt: Ragged, vocab: Vocabulary) -> Path:
     """Count the run's shortlist from its training pairs and write it beside its checkpoints."""
     took = time.perf_counter()

@@ -7,7 +7,9 @@ extra), which decoding/ct2.py translates with.
     >>> model_dir = export_ctranslate2("saved_weights/<run>", Path("ct2-int8"), quantization="int8")
 
 The model directory holds CTranslate2's own files, our tokenizer JSON and `transformer_mt.json` (model
-config, source checkpoint, quantization). docs/ctranslate2.md explains how each weight is mapped.
+config, source checkpoint, quantization), and where the run has a shortlist, it as CTranslate2's
+vocabulary map (`vmap.txt`: `decoding.shortlist=true` on engine=ctranslate2). docs/ctranslate2.md explains
+how each weight is mapped.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from transformer_mt.checkpoints.store import model_from_checkpoint
 from transformer_mt.config import ExportConfig, validate
 from transformer_mt.data.tokenizer import BOS, BOS_ID, EOS, EOS_ID, UNK, UNK_ID, Vocabulary
 from transformer_mt.decoding.confidence import carry_calibration
-from transformer_mt.decoding.ct2 import ctranslate2_module
+from transformer_mt.decoding.ct2 import VMAP_FILE, ctranslate2_module
+from transformer_mt.decoding.shortlist import SHORTLIST_FILE, read_shortlist, vmap_lines
 from transformer_mt.errors import ExportError
 from transformer_mt.model import Transformer
 from transformer_mt.runtime.files import META_FILE, refuse_existing, written_into
@@ -150,6 +153,9 @@ def export_ctranslate2(checkpoint: str | Path, output_dir: Path, quantization: s
         spec.save(str(tmp))
         vocab.save(tmp)
         carry_calibration(Path(file).parent, model, tmp)  # confidence.py: where fitted for these weights
+        if (Path(file).parent / SHORTLIST_FILE).is_file():  # its shortlist, as CTranslate2 reads one
+            lines = vmap_lines(read_shortlist(Path(file).parent, vocab), vocab)
+            (tmp / VMAP_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")
         meta = {
             "format": "ct2", "format_version": META_VERSION,
             "model_config": dataclasses.asdict(model.config),
