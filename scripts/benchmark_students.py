@@ -6,10 +6,10 @@
 Every run is read on the teacher's test split (a student distilled from it holds out the same pairs). For
 each run: its shape and parameters; megabytes on disk (our float32 weights, CTranslate2 int8, the ONNX int8
 graphs); beam-5 BLEU on the whole split in our engine (float32, bf16 where the CPU has native bf16, int8:
-`decoding.quantize=int8`; each also with `decoding.shortlist=true` where the run has a shortlist.json) and
-in CTranslate2 int8 (its own batching and search, `exact=False`, on as many threads as torch: CTranslate2
-at its fastest, as benchmark_decoding.py times it); sentences/s on the first
---sentences, batched as `transformer-mt translate` does, greedy and beam 5 in each of those, best of
+`decoding.quantize=int8`) and in CTranslate2 int8 (its own batching and search, `exact=False`, on as many
+threads as torch: CTranslate2 at its fastest, as benchmark_decoding.py times it), each engine also with
+`decoding.shortlist=true` where the run has a shortlist.json (CTranslate2: its `use_vmap`); sentences/s on
+the first --sentences, batched as `transformer-mt translate` does, greedy and beam 5 in each of those, best of
 --rounds rounds alternated across runs and engines; ONNX Runtime int8 greedy one sentence at a time
 (optimum, as the exports are read); and the exported page in headless Chromium with its int8 graphs
 (`?dtype=q8`): seconds from opening it to its first translation, and sentences/s of --page-sentences
@@ -36,7 +36,7 @@ from timing import best_of_rounds, load_warning, machine, native_bf16  # beside 
 from transformer_mt.config import DecodingConfig
 from transformer_mt.data import load_split_tsv
 from transformer_mt.data.split import SPLIT_DIR
-from transformer_mt.decoding.ct2 import CT2Translator
+from transformer_mt.decoding.ct2 import VMAP_FILE, CT2Translator
 from transformer_mt.decoding.metrics import score
 from transformer_mt.decoding.shortlist import SHORTLIST_FILE
 from transformer_mt.decoding.translator import Translator
@@ -67,6 +67,16 @@ def ours(engine: Translator, beam: int, texts: list[str], shortlist: bool = Fals
     engine.decoding = DecodingConfig(beam_size=beam, confidence=False, quantize=engine.decoding.quantize,
                                      shortlist=shortlist)
     return engine.translate(texts, input_case="model")
+
+
+def ct2_engines(ct2: CT2Translator, model_dir: Path) -> dict[str, CT2Translator]:
+    """CTranslate2 int8, and with the run's shortlist (its `use_vmap`) where the export holds one."""
+    found = {"CTranslate2 int8": ct2}
+    if (model_dir / VMAP_FILE).is_file():
+        found["CTranslate2 int8 shortlist"] = CT2Translator.from_dir(
+            model_dir, exact=False, intra_threads=torch.get_num_threads(),
+            decoding=DecodingConfig(shortlist=True, confidence=False))
+    return found
 
 
 def size_mb(*paths: Path) -> float:
@@ -132,10 +142,11 @@ def measure(runs: list[Path], sources: list[str], refs: list[str], args: argpars
             for beam in (1, 5):
                 timed[f"{name}|ours {precision} {'greedy' if beam == 1 else 'beam 5'}"] = functools.partial(
                     ours, engine, beam, head, shortlist)
-        row["BLEU CTranslate2 int8"] = round(score(ct2.translate(sources, beam_size=5), refs).bleu, 2)
-        for beam in (1, 5):
-            timed[f"{name}|CTranslate2 int8 {'greedy' if beam == 1 else 'beam 5'}"] = functools.partial(
-                ct2.translate, head, beam_size=beam)
+        for label, engine in ct2_engines(ct2, out / "ct2-int8").items():
+            row[f"BLEU {label}"] = round(score(engine.translate(sources, beam_size=5), refs).bleu, 2)
+            for beam in (1, 5):
+                timed[f"{name}|{label} {'greedy' if beam == 1 else 'beam 5'}"] = functools.partial(
+                    engine.translate, head, beam_size=beam)
         ort8 = ExportedModel.load(onnx_dir, runtime="onnx", int8=True)
         few = sources[:args.onnx_sentences]
         ort8.translate(few[:4])
@@ -164,10 +175,10 @@ def report(found: dict[str, dict[str, object]], teacher: str) -> None:
     print(markdown_table(["run", *columns], [[name, *(_cell(row.get(c, "")) for c in columns)]
                                              for name, row in found.items()]))
     speeds = [c for c in columns if c.startswith(("ours", "CTranslate2 int8 g", "CTranslate2 int8 b",
-                                                  "ONNX Runtime", "page int8"))]
+                                                  "CTranslate2 int8 s", "ONNX Runtime", "page int8"))]
     print(markdown_table(["run (× the teacher's speed)", *speeds],
-                         [[name, *(f"{row[c] / found[teacher][c]:.2f}×" for c in speeds)]
-                          for name, row in found.items()]))
+                         [[name, *(f"{row[c] / found[teacher][c]:.2f}×" if c in row and c in found[teacher]
+                                   else "" for c in speeds)] for name, row in found.items()]))
 
 
 def main(argv: list[str] | None = None) -> int:

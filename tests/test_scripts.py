@@ -176,7 +176,7 @@ def test_benchmark_shapes(script, tiny_run: Path, corpus: Path, tmp_path: Path) 
     assert lengths[0] == lengths[1] != lengths[2]
 
 
-def test_benchmark_students(script, fitted_model, tiny_run: Path, tmp_path: Path,
+def test_benchmark_students(script, fitted_model, fit_pairs, tiny_run: Path, tmp_path: Path,
                             capsys: pytest.CaptureFixture) -> None:
     """A teacher (post-norm 3+3) and a student (pre-norm 3+1) on the tiny run's test split: each run's
     shape, sizes and BLEU, the BLEU being beam 5 over the whole split (checked against our engine's own
@@ -186,10 +186,16 @@ def test_benchmark_students(script, fitted_model, tiny_run: Path, tmp_path: Path
     import sacrebleu
 
     from transformer_mt.config import DecodingConfig
+    from transformer_mt.data.ragged import Ragged
+    from transformer_mt.decoding.shortlist import write_shortlist
     from transformer_mt.decoding.translator import Translator
 
     teacher = as_teacher(fitted_model("marian", tmp_path / "teacher"), tiny_run)
     student = as_teacher(fitted_model("pegasus", tmp_path / "student"), tiny_run)
+    vocab = Translator.from_checkpoint(student, device="cpu").vocab
+    en, fr = fit_pairs  # the student's shortlist: each engine timed with it too
+    write_shortlist(student, Ragged.from_lists(vocab.encode_src(en)), Ragged.from_lists(vocab.encode_tgt(fr)),
+                    vocab)
     out = tmp_path / "students.json"
     assert script("benchmark_students").main([str(teacher), str(student), "--sentences", "6", "--rounds", "1",
                                               "--onnx-sentences", "3", "--no-page", "--out", str(out)]) == 0
@@ -209,6 +215,10 @@ def test_benchmark_students(script, fitted_model, tiny_run: Path, tmp_path: Path
         speeds = [f"{engine} {search}" for engine in ("CTranslate2 int8", *(f"ours {p}" for p in precisions))
                   for search in ("greedy", "beam 5")] + ["ONNX Runtime int8 greedy (one at a time)"]
         assert all(row[k] > 0 for k in speeds)
+    listed = [f"{engine} shortlist {search}" for search in ("greedy", "beam 5")
+              for engine in ("CTranslate2 int8", *(f"ours {p}" for p in precisions))]
+    assert all(runs["student"][k] > 0 for k in listed) and not any(k in runs["teacher"] for k in listed)
+    assert runs["student"]["BLEU ours float32 shortlist"] >= 0
     assert runs["student"]["shape"].endswith("3+1")
     printed = capsys.readouterr().out
     teacher_row = next(line for line in printed.splitlines() if line.startswith("| teacher | 1.00×"))
