@@ -133,6 +133,13 @@ def _finalise(is_eos: Tensor, top_scores: Tensor, top_row: Tensor, prefix: Tenso
             trail.end(hyp, t, row)
 
 
+def _check(settings: DecodingConfig, columns: Columns | None, constraints: Constraints | None) -> None:
+    """The search's arguments obey the config's rules; a shortlist and target terms are not given together."""
+    settings.check()
+    if columns is not None and constraints is not None:
+        raise ValueError("target terms search the whole vocabulary: give no shortlist columns with them")
+
+
 @torch.inference_mode()
 def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
                 beam_size: int = DEFAULT.beam_size, length_penalty: float = DEFAULT.length_penalty,
@@ -149,12 +156,9 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
     + 1), the first K non-eos ones become the new beams. K=1 is exactly greedy. Done sentences leave the
     batch and the cache. With prefixes, every beam of a sentence starts with its prefix's token ids. With
     constraints (target terms), every hypothesis holds its sentence's terms (per_bank: `bank_greedy_search`).
-    With columns (`Shortlist.columns`), each sentence's beams extend with its own target ids only.
-    use_cache=False: the slow reference."""
-    DecodingConfig(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a,
-                   max_len_b=max_len_b, n_best=n_best).check()
-    if columns is not None and constraints is not None:
-        raise ValueError("target terms search the whole vocabulary: give no shortlist columns with them")
+    With columns (a shortlist), beams extend with their sentence's own ids. use_cache=False: the reference."""
+    _check(DecodingConfig(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a,
+                          max_len_b=max_len_b, n_best=n_best), columns, constraints)
     K, alpha, ends, device = beam_size, length_penalty, Ends(bos_id, eos_id, max_len_a, max_len_b), src.device
     B = src.size(0)
     memory, src_pad = model.encode(src)  # once per sentence: (A, S, d), (A, S)
