@@ -184,8 +184,9 @@ def test_bad_distillation_settings_are_one_line(teacher: Path, corpus: Path, tmp
 def test_teacher_weights_decide_the_cache(engine: Translator, teacher: Path, tiny_run: Path,
                                          tmp_path: Path) -> None:
     """Another teacher (one weight changed, or its linear layers in int8), another search or other sources
-    give another cache directory; the float teacher's key has no `quantize` (precision says int8), so the
-    translations made before that option existed are still found."""
+    give another cache directory; the float teacher's key holds the search's fields of when the key was
+    defined alone (no `quantize`: precision says int8; a later field only where it is not at its default),
+    so the translations made before those options existed are still found."""
     from transformer_mt.config import DatasetConfig, TrainConfig
 
     cfg = TrainConfig(dataset=DatasetConfig(cache_dir=str(tmp_path)))
@@ -197,7 +198,10 @@ def test_teacher_weights_decide_the_cache(engine: Translator, teacher: Path, tin
                                    dataclasses.replace(BEAM, beam_size=4)) != first
     int8 = Translator.from_checkpoint(teacher, device="cpu", decoding=DecodingConfig(quantize="int8"))
     assert distill.chunk_directory(cfg, Teacher([teacher], int8), sources, BEAM) != first
-    assert "quantize" not in json.loads((first / "key.json").read_text())["search"]
+    keyed = json.loads((first / "key.json").read_text())["search"]
+    assert "quantize" not in keyed and set(keyed) == set(distill.KEYED_SEARCH)  # no field added since
+    assert distill.chunk_directory(cfg, Teacher([teacher], engine), sources,
+                                   dataclasses.replace(BEAM, shortlist=True)) != first
     with torch.no_grad():
         bias = next(p for n, p in engine.model.named_parameters() if n.endswith("bias"))
         bias += 1.0

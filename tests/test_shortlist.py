@@ -174,8 +174,8 @@ def test_an_int8_model_projects_its_columns_with_its_own_weights() -> None:
     own = columns.own[:, None, :].expand(-1, tgt.size(1), -1)
     picked = full[:, :, columns.ids]
     assert torch.isinf(shortlisted[~own]).all()
-    # the columns' product is float over the int8 weights; the full one also quantizes its input
-    assert torch.allclose(shortlisted[own], picked[own], atol=0.05 * picked.abs().max().item())
+    # the columns' int8 product: the same int8 weights, scales and input quantization as the full one's
+    torch.testing.assert_close(shortlisted[own], picked[own], rtol=1e-6, atol=1e-6)
     for beam in (1, 3):
         assert len(searches(beam)(int8, src, columns=columns)) == len(LENGTHS)
 

@@ -209,7 +209,7 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
             sent_ids, max_len = [sent_ids[a] for a in keep], [max_len[a] for a in keep]
             on_device = on_device[0][keep_t], on_device[1][keep_t]
             memory, src_pad = memory[keep_t], src_pad[keep_t]
-            columns = columns.kept(keep_t) if columns is not None else None
+            columns = columns.kept(keep_t) if columns is not None and cache is None else columns
             if cache is not None:
                 cache.reorder(rows.view(-1), cross_index=keep_t)
             if terms is not None:

@@ -267,7 +267,8 @@ def _left_to_right(model: Transformer, src: Tensor, choose: Callable[[Tensor], T
         keep = (~ended).nonzero().squeeze(1)
         alive, prefix, scores, max_len, ended = (x[keep] for x in (alive, prefix, scores, max_len, ended))
         memory, src_pad = memory[keep], src_pad[keep]
-        columns = columns.kept(keep) if columns is not None else None
+        if columns is not None and cache is None:  # (a cache keeps its own rows of them)
+            columns = columns.kept(keep)
         if cache is not None:
             cache.reorder(keep)
     return [[h] for h in hyps if h is not None]

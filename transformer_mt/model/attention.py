@@ -112,6 +112,7 @@ class DecoderCache:
         # columns; with them, an (A, 1, U) bias: -inf where a column is not the sentence's own
         self.output_weight: Tensor | None = None
         self.output_bias: Tensor | None = None
+        self.output_rows: nn.Module | None = None  # an int8 projection's columns (RowsLinear.rows)
 
     def reorder(self, index: Tensor, cross_index: Tensor | None = None) -> None:
         """Keep decoder rows `index` (beam reordering, batch shrinking), in place.
@@ -129,7 +130,8 @@ class DecoderCache:
                     kvs[i] = (kv[0].index_select(0, idx), kv[1].index_select(0, idx))
         if cross_index is not None and self.own is not None:
             self.own = self.own.index_select(0, cross_index)
-            self.output_bias = None  # made again for the sentences kept
+            if self.output_bias is not None:
+                self.output_bias = self.output_bias.index_select(0, cross_index)
 
 
 # --------------------------------------------------------------------------------------------

@@ -353,21 +353,24 @@ class Transformer(nn.Module):
     def _project_columns(self, h: Tensor, cache: DecoderCache) -> Tensor:
         """Output projection onto the cache's columns: (B, T, D) → (B, T, U), B = A sentences × G
         consecutive rows each, -inf where a column is not the sentence's own (cache.own). The columns'
-        weight is copied at the search's first step (an int8 projection's dequantized: the copy is small,
-        and one float product over a few hundred columns costs less than quantizing its input)."""
+        weight is copied at the search's first step: a (D, U) copy, or of an int8 projection that can give
+        its rows (runtime/quantize.py::RowsLinear), a projection onto those rows alone."""
         assert cache.columns is not None and cache.own is not None
         where = h.device.type
         dtype = torch.get_autocast_dtype(where) if torch.is_autocast_enabled(where) else h.dtype
-        if cache.output_weight is None:
-            proj = self.output_projection
-            w = proj.weight if isinstance(proj, nn.Linear) else proj.weight().dequantize()
-            cache.output_weight = w.detach()[cache.columns].t().contiguous().to(dtype)  # (D, U)
+        proj = self.output_projection
+        if cache.output_weight is None and cache.output_rows is None:
+            if isinstance(proj, nn.Linear):
+                cache.output_weight = proj.weight.detach()[cache.columns].t().contiguous().to(dtype)  # (D, U)
+            else:
+                cache.output_rows = proj.rows(cache.columns)  # type: ignore[operator]
         if cache.output_bias is None:
             cache.output_bias = torch.zeros(cache.own.shape, dtype=dtype, device=h.device).masked_fill(
                 ~cache.own, float("-inf"))[:, None]  # (A, 1, U)
         B, T, _ = h.shape
         A, _, U = cache.output_bias.shape
-        return ((h @ cache.output_weight).view(A, B // A * T, U) + cache.output_bias).view(B, T, U)
+        logits = h @ cache.output_weight if cache.output_rows is None else cache.output_rows(h)
+        return (logits.view(A, B // A * T, U) + cache.output_bias).view(B, T, U)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V); pad_id in tgt_in is masked as a self-attention key."""

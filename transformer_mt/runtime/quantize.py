@@ -60,14 +60,42 @@ def decoding_precision(quantize: str, amp: str, device: torch.device) -> Precisi
                      "float32, the int8 kernels' input", int8=True)
 
 
+class RowsLinear(torch.ao.nn.quantized.dynamic.Linear):
+    """torch's int8 linear layer (dynamic quantization) that also gives some of its output rows as a layer
+    of their own, their int8 weights and scales as they are: the output projection onto a shortlist's
+    columns (Transformer._project_columns) is then the full projection's product, for those columns."""
+
+    @classmethod
+    def of(cls, layer: torch.ao.nn.quantized.dynamic.Linear) -> RowsLinear:
+        """The same layer (its packed weights and bias), as a RowsLinear."""
+        same = cls(layer.in_features, layer.out_features, bias_=layer.bias() is not None,
+                   dtype=layer.weight().dtype)
+        same.set_weight_bias(layer.weight(), layer.bias())
+        return same
+
+    def rows(self, ids: torch.Tensor) -> RowsLinear:
+        """A layer computing output rows `ids` (U,) alone."""
+        q, bias = self.weight(), self.bias()
+        scales, zeros = q.q_per_channel_scales()[ids], q.q_per_channel_zero_points()[ids]
+        part = RowsLinear(self.in_features, ids.numel(), bias_=bias is not None, dtype=q.dtype)
+        part.set_weight_bias(torch.quantize_per_channel(q.dequantize()[ids], scales, zeros, 0, q.dtype),
+                             None if bias is None else bias[ids])
+        return part
+
+
 def quantized(model: nn.Module) -> nn.Module:
     """A copy of `model` whose every nn.Linear holds int8 weights (a scale per output channel) and
-    quantizes its input per call; `model` itself is left as it was."""
+    quantizes its input per call (output projections as `RowsLinear`); `model` itself is left as it was."""
     with warnings.catch_warnings():
         # torch.ao.quantization is deprecated upstream in favour of torchao (docs/decoding.md#int8) and says
         # so at every call; it stays the fastest int8 path on the CPU without torch.compile.
         warnings.filterwarnings("ignore", r"torch\.ao\.quantization is deprecated", DeprecationWarning)
         warnings.filterwarnings("ignore", r"torch\.quantize_per_tensor, torch\.quantize_per_channel and "
                                 "other quantized tensor creation functions", UserWarning)
-        return torch.ao.quantization.quantize_dynamic(
+        copy = torch.ao.quantization.quantize_dynamic(
             model, {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}, inplace=False)
+        for module in copy.modules():
+            projection = getattr(module, "output_projection", None)
+            if isinstance(projection, torch.ao.nn.quantized.dynamic.Linear):
+                module.output_projection = RowsLinear.of(projection)
+        return copy

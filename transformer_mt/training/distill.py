@@ -106,9 +106,19 @@ def teacher_search(cfg: TrainConfig) -> DecodingConfig:
     return dataclasses.replace(DecodingConfig(**search), beam_size=cfg.distill.beam_size, confidence=False)
 
 
+# The search's fields when the cache key was defined. A field added since enters the key only where it is
+# not at its default, so that a new setting's neutral default keeps every cache made before it found.
+KEYED_SEARCH = ("beam_size", "length_penalty", "max_len_a", "max_len_b", "batch_tokens", "use_cache",
+                "n_best", "prefix", "sampling", "temperature", "top_k", "top_p", "alignment",
+                "alignment_layer", "input_case", "confidence", "min_confidence", "low_confidence", "glossary")
+
+
 def search_key(search: DecodingConfig) -> dict[str, object]:
-    """The search's fields for the cache key; `quantize` is the engine's precision (precision_key)."""
-    return {k: v for k, v in dataclasses.asdict(search).items() if k != "quantize"}
+    """The search's fields for the cache key (KEYED_SEARCH, and later ones set otherwise than by default);
+    `quantize` is the engine's precision (precision_key)."""
+    values, default = dataclasses.asdict(search), dataclasses.asdict(DecodingConfig())
+    return {k: v for k, v in values.items()
+            if k in KEYED_SEARCH or (k != "quantize" and v != default[k])}
 
 
 def precision_key(precision: Precision) -> str:
