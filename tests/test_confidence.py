@@ -32,7 +32,8 @@ from transformer_mt.decoding.confidence import (
 )
 from transformer_mt.decoding.decode import decode_ids
 from transformer_mt.decoding.scoring import score_pairs, token_log_probs
-from transformer_mt.decoding.translator import Translation, Translator
+from transformer_mt.decoding.text_translator import Translation
+from transformer_mt.decoding.translator import Translator
 from transformer_mt.errors import DataError
 
 

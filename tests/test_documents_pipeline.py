@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transformer_mt.config import DecodingConfig, DocumentConfig
-from transformer_mt.decoding.translator import TextTranslator, Translation
+from transformer_mt.decoding.text_translator import TextTranslator, Translation
 from transformer_mt.documents.masking import STAND_INS, mask, unmask
 from transformer_mt.documents.pipeline import DocumentTranslator
 from transformer_mt.documents.rewrite import Edit, Rewrite

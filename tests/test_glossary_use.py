@@ -21,7 +21,8 @@ from transformer_mt.data.tokenizer import PAD_ID, SPECIAL_TOKENS, train_tokenize
 from transformer_mt.decoding.constraints import WordEdges, terms_used
 from transformer_mt.decoding.decode import decode_ids
 from transformer_mt.decoding.glossary import Entry, Glossary, holds_term
-from transformer_mt.decoding.translator import TextTranslator, Translation, Translator
+from transformer_mt.decoding.text_translator import TextTranslator, Translation
+from transformer_mt.decoding.translator import Translator
 from transformer_mt.documents.masking import STAND_INS
 from transformer_mt.documents.pipeline import DocumentTranslator
 from transformer_mt.errors import ConfigError, DataError

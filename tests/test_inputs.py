@@ -244,7 +244,7 @@ def test_translate_reads_a_gzip_input_as_every_other_command_does(tiny_run: Path
 def test_a_translation_holding_a_line_break_stays_on_its_line() -> None:
     """A byte-level model can write a newline or carriage return: the output keeps one line per input
     (n per input with n-best), and a tab inside a translation does not add a column."""
-    from transformer_mt.decoding.translator import Translation
+    from transformer_mt.decoding.text_translator import Translation
 
     broken = [Translation("Il dort.\nIl\r\nrêve\r.", -1.0), Translation("Il\tdort.", -2.0)]
     assert translate_job.format_nbest(broken, 1, with_scores=False) == ["Il dort. Il rêve ."]

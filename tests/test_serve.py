@@ -23,7 +23,8 @@ import torch
 import transformer_mt as tmt
 from tests.conftest import ROOT, missing, require, run_cli, wait_until
 from transformer_mt.config import BatchingConfig, DecodingConfig
-from transformer_mt.decoding.translator import TextTranslator, Translation, Translator
+from transformer_mt.decoding.text_translator import TextTranslator, Translation
+from transformer_mt.decoding.translator import Translator
 
 require("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402

@@ -428,7 +428,7 @@ def test_translate_a_line_whose_prefix_is_too_long_fails_alone(tiny_run: Path, e
 
 
 def test_a_default_prefix_too_long_for_the_model_is_a_config_error(tiny_run: Path) -> None:
-    from transformer_mt.decoding.translator import check_default_prefix
+    from transformer_mt.decoding.text_translator import check_default_prefix
 
     cfg = serve_config(tiny_run)
     cfg.decoding.prefix = LONG

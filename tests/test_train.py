@@ -92,7 +92,7 @@ def test_a_translation_holding_a_line_break_stays_on_its_line(tiny_run_copy: Pat
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """The hypothesis file has one line per test sentence, whatever the model writes (a byte-level model can
     write a line break): scores and files read back line by line stay aligned."""
-    from transformer_mt.decoding.translator import Translation
+    from transformer_mt.decoding.text_translator import Translation
     from transformer_mt.jobs import evaluate as job
 
     broken = [Translation(f"a\nb\rc{i}", 0.0) for i in range(5)]

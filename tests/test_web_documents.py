@@ -20,7 +20,7 @@ import pytest
 from tests.conftest import missing
 from tests.test_documents_pipeline import EchoEngine
 from transformer_mt.config import DocumentConfig
-from transformer_mt.decoding.translator import Translation
+from transformer_mt.decoding.text_translator import Translation
 from transformer_mt.documents.masking import STAND_INS, mask, unmask
 from transformer_mt.documents.pipeline import DocumentTranslator
 from transformer_mt.documents.sentences import cut_long

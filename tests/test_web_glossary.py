@@ -27,7 +27,7 @@ from transformer_mt.decoding.beam import bank_greedy_search
 from transformer_mt.decoding.constraints import Constraints, WordEdges, sentence_terms
 from transformer_mt.decoding.glossary import Entry, Glossary, holds_term
 from transformer_mt.decoding.search import max_output_length
-from transformer_mt.decoding.translator import Translation
+from transformer_mt.decoding.text_translator import Translation
 from transformer_mt.documents.pipeline import DocumentTranslator
 from transformer_mt.documents.sentences import cut_long
 from transformer_mt.errors import DataError

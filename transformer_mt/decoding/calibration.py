@@ -41,7 +41,8 @@ from transformer_mt.decoding.confidence import (
     write_calibration,
 )
 from transformer_mt.decoding.metrics import sentence_chrfs
-from transformer_mt.decoding.translator import Translation, Translator
+from transformer_mt.decoding.text_translator import Translation
+from transformer_mt.decoding.translator import Translator
 from transformer_mt.errors import DataError, UserError
 from transformer_mt.runtime.device import select_device
 

@@ -15,7 +15,7 @@ import torch
 
 from transformer_mt.decoding.calibration import words_in_reference
 from transformer_mt.decoding.metrics import bleu_and_length, sentence_chrfs
-from transformer_mt.decoding.translator import Translation
+from transformer_mt.decoding.text_translator import Translation
 
 FRACTIONS = (0.5, 0.8, 0.9)  # the most confident shares of the sentences whose BLEU is reported
 RESAMPLES = 1000  # bootstrap resamples of the sentences

@@ -35,7 +35,7 @@ from transformer_mt.decoding.search import (
     gnmt_slope,
     max_output_length,
 )
-from transformer_mt.decoding.translator import TextTranslator, Translation
+from transformer_mt.decoding.text_translator import TextTranslator, Translation
 from transformer_mt.errors import ConfigError, ExportError
 from transformer_mt.runtime.files import META_FILE
 

@@ -7,7 +7,8 @@ import logging
 
 from transformer_mt.config import EngineConfig
 from transformer_mt.decoding.glossary import read_glossary
-from transformer_mt.decoding.translator import TextTranslator, Translator
+from transformer_mt.decoding.text_translator import TextTranslator
+from transformer_mt.decoding.translator import Translator
 from transformer_mt.runtime.device import configure_threads, select_device
 
 log = logging.getLogger(__name__)

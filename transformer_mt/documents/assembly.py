@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from transformer_mt.decoding.confidence import WordConfidences
-from transformer_mt.decoding.translator import Translation
+from transformer_mt.decoding.text_translator import Translation
 from transformer_mt.documents.rewrite import Rewrite
 
 _WORD = re.compile(r"\S+")  # a word as alignments count them (decoding/alignment.py)

@@ -19,7 +19,7 @@ from typing import Any
 from transformer_mt.config import DecodingConfig, DocumentConfig
 from transformer_mt.data.text_variants import CASES, one_case, sentence_case
 from transformer_mt.decoding.glossary import Entry, Glossary
-from transformer_mt.decoding.translator import TextTranslator, Translation
+from transformer_mt.decoding.text_translator import TextTranslator, Translation
 from transformer_mt.documents.assembly import PartTranslation, joined
 from transformer_mt.documents.formats import read_document
 from transformer_mt.documents.masking import Masked, blanked, mask, missing, unmask

@@ -4,7 +4,7 @@ are, the rest escaped as the format writes text."""
 
 from __future__ import annotations
 
-from transformer_mt.decoding.translator import Translation
+from transformer_mt.decoding.text_translator import Translation
 from transformer_mt.documents.markup import render_run
 from transformer_mt.documents.pieces import Document, Run
 from transformer_mt.documents.projection import project

@@ -29,7 +29,8 @@ from transformer_mt.decoding.calibration import fit_calibration, fitted_for, sea
 from transformer_mt.decoding.confidence import Calibration, Rater, write_calibration
 from transformer_mt.decoding.glossary import count_terms, read_glossary
 from transformer_mt.decoding.metrics import Scores, bleu_and_length, score
-from transformer_mt.decoding.translator import Translation, Translator
+from transformer_mt.decoding.text_translator import Translation
+from transformer_mt.decoding.translator import Translator
 from transformer_mt.documents import report as documents_report
 from transformer_mt.documents.pipeline import DocumentTranslator
 from transformer_mt.errors import ConfigError, DataError

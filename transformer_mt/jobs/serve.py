@@ -13,7 +13,7 @@ from typing import Any
 
 from transformer_mt.config import ServeConfig
 from transformer_mt.decoding.engine import load_engine
-from transformer_mt.decoding.translator import check_default_prefix
+from transformer_mt.decoding.text_translator import check_default_prefix
 from transformer_mt.errors import ConfigError
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from transformer_mt.decoding.alignment import pharaoh
 from transformer_mt.decoding.confidence import shown, verdict, words_json
 from transformer_mt.decoding.engine import load_engine
 from transformer_mt.decoding.search import alignment
-from transformer_mt.decoding.translator import TextTranslator, Translation, check_default_prefix
+from transformer_mt.decoding.text_translator import TextTranslator, Translation, check_default_prefix
 from transformer_mt.documents.formats import format_for, read_document
 from transformer_mt.documents.pipeline import DocumentTranslator
 from transformer_mt.documents.spans import read_terms

@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException
 from transformer_mt.config import DecodingConfig, ServeConfig
 from transformer_mt.decoding.alignment import pharaoh
 from transformer_mt.decoding.confidence import shown, verdict, words_json
-from transformer_mt.decoding.translator import TextTranslator, Translation
+from transformer_mt.decoding.text_translator import TextTranslator, Translation
 from transformer_mt.documents.pipeline import DocumentTranslator
 from transformer_mt.errors import UserError
 from transformer_mt.serve.attention_maps import attention_map, check_attention_size

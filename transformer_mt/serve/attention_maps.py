@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 from transformer_mt.config import ServeConfig
 from transformer_mt.data.tokenizer import EOS
 from transformer_mt.decoding.search import max_output_length
-from transformer_mt.decoding.translator import TextTranslator, Translation
+from transformer_mt.decoding.text_translator import TextTranslator, Translation
 
 
 class AttentionMap(BaseModel):

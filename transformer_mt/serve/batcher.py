@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from transformer_mt.config import BatchingConfig
 from transformer_mt.decoding.glossary import Glossary
 from transformer_mt.decoding.search import DecodingStopped
-from transformer_mt.decoding.translator import Translation
+from transformer_mt.decoding.text_translator import Translation
 from transformer_mt.documents.pipeline import DocumentTranslator
 from transformer_mt.errors import UserError
 
