@@ -144,6 +144,27 @@ def test_benchmark_refuses_cuda_without_it_in_one_line(script, capsys: pytest.Ca
     assert err.count("\n") == 1 and "--device cuda" in err
 
 
+def test_decoding_profile_splits_the_time_into_its_parts(script, tiny_run: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    """The encoder's and the output projection's seconds are timed where the search calls them (both
+    called, so both above 0), the rest is what is left of the total; int8 too."""
+    out = tmp_path / "profile.json"
+    main = script("decoding_profile").main
+    assert main([str(tiny_run), "--sentences", "6", "--rounds", "1", "--precision", "int8",
+                 "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    row = r["runs"][str(tiny_run)]
+    assert (r["sentences"], r["beam"], r["precision"]) == (6, 5, "int8")
+    assert row["encoder"] > 0 and row["output projection"] > 0 and row["decoder and search"] > 0
+    parts = row["encoder"] + row["output projection"] + row["decoder and search"]
+    assert parts == pytest.approx(row["total"])
+    c = load_checkpoint(tiny_run / "best.pt")["model_config"]
+    assert row["shape"].startswith(f"{c['encoder_layers']}+{c['decoder_layers']}, d {c['d_model']}")
+    assert f"| {tiny_run} | {row['shape']} |" in capsys.readouterr().out
+    assert main([str(tmp_path), "--sentences", "2"]) == 2  # no test split: one line
+    assert "transformer-mt train" in capsys.readouterr().err
+
+
 def test_benchmark_decoding(script, tiny_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "decoding.json"
     main = script("benchmark_decoding").main
