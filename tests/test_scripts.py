@@ -29,12 +29,10 @@ from transformer_mt.tables import markdown_table
 SCRIPTS = ROOT / "scripts"
 # Every script (a file with a __main__ block) and the test below that runs it.
 TESTED = {"adaptation_study.py", "average_checkpoints.py", "back_translation.py", "benchmark.py",
-          "build_shortlist.py",
           "benchmark_data.py", "benchmark_decoding.py", "benchmark_documents.py", "benchmark_export.py",
           "benchmark_segmenters.py", "benchmark_serve.py", "benchmark_shapes.py", "benchmark_students.py",
-          "measure_glossary.py",
-          "measure_stand_ins.py", "plot_learning_curve.py",
-          "results_table.py", "stress_serve.py"}
+          "build_shortlist.py", "decoding_profile.py", "measure_glossary.py", "measure_stand_ins.py",
+          "plot_learning_curve.py", "results_table.py", "stress_serve.py"}
 
 
 @pytest.fixture
