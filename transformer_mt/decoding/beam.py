@@ -103,6 +103,15 @@ def _sentence_done(finished: list[Hypothesis], best_live: float, t: int, max_len
     return best_live / lp <= nth
 
 
+def _still_searching(finished: list[list[Hypothesis]], sent_ids: list[int], scores: Tensor, t: int,
+                     max_len: list[int], n_best: int, alpha: float, exhaustive: bool) -> list[int]:
+    """The live sentences (rows of scores (A, K)) that are not done after step t (`_sentence_done`)."""
+    K = scores.size(1)
+    best_live = scores.max(1).values.tolist()  # with terms, beams are in bank turns, not score order
+    return [a for a, i in enumerate(sent_ids)
+            if not _sentence_done(finished[i], best_live[a], t, max_len[a], K, n_best, alpha, exhaustive)]
+
+
 def _n_best(finished: list[list[Hypothesis]], n_best: int, trail: AttentionTrail | None,
             src_pad: Tensor) -> list[list[Hypothesis]]:
     """Each sentence's n_best finished hypotheses, best first, with their attention when it was kept."""
@@ -200,9 +209,7 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
             terms.picked(pick)
         t += 1
 
-        best_live = scores.max(1).values.tolist()  # with terms, beams are in bank turns, not score order
-        keep = [a for a, i in enumerate(sent_ids)
-                if not _sentence_done(finished[i], best_live[a], t, max_len[a], K, n_best, alpha, exhaustive)]
+        keep = _still_searching(finished, sent_ids, scores, t, max_len, n_best, alpha, exhaustive)
         if len(keep) < len(sent_ids):
             keep_t = torch.tensor(keep, dtype=torch.long, device=device)
             rows, scores, toks = rows[keep_t], scores[keep_t], toks[keep_t]
