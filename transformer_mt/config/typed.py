@@ -3,11 +3,12 @@ schema lacks is named in one line, with its new name when it was renamed."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import typing
 from typing import Any, ClassVar
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from transformer_mt.config.problems import raise_if
 from transformer_mt.config.schema import CONFIG_DIR
@@ -39,7 +40,16 @@ def unknown_key_message(key: str) -> str:
 
 
 def to_dataclass(cfg: DictConfig, schema: type) -> Any:
-    """Turn a composed config into the typed dataclass tree; unknown keys raise ConfigError."""
+    """Turn a composed config into the typed dataclass tree; unknown keys raise ConfigError. A command's
+    composition is typed by its schema already (configs/<command>.yaml starts from it), so its values were
+    checked then and it converts as it is; other configs (a preset's file, a run's saved section) are
+    merged into the schema first."""
+    if OmegaConf.get_type(cfg) is schema:
+        cfg = copy.copy(cfg)  # its `hydra` node left out of this copy alone; the nodes are shared, not copied
+        with read_write(cfg), open_dict(cfg):
+            cfg.pop("hydra", None)
+        raise_if([unknown_key_message(k) for k in _unknown_keys(cfg, schema)])
+        return OmegaConf.to_object(cfg)
     cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
     raise_if([unknown_key_message(k) for k in _unknown_keys(cfg, schema)])
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
