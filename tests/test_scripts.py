@@ -33,6 +33,8 @@ TESTED = {"adaptation_study.py", "average_checkpoints.py", "back_translation.py"
           "benchmark_segmenters.py", "benchmark_serve.py", "benchmark_shapes.py", "benchmark_students.py",
           "build_shortlist.py", "decoding_profile.py", "measure_glossary.py", "measure_stand_ins.py",
           "plot_learning_curve.py", "results_table.py", "stress_serve.py"}
+# The scripts whose run here takes seconds (benchmarks timing child processes, studies training several
+# runs) are tested under the `slow` mark: outside the quick suite (scripts/test.sh), run by CI (.ci/run).
 
 
 @pytest.fixture
@@ -119,6 +121,7 @@ def _benchmark_quick(benchmark: ModuleType, capsys: pytest.CaptureFixture, devic
     return r
 
 
+@pytest.mark.slow
 def test_benchmark_quick_writes_every_figure(script, capsys: pytest.CaptureFixture, tiny_run: Path,
                                              corpus: Path, tmp_path: Path) -> None:
     r = _benchmark_quick(script("benchmark"), capsys, "cpu", tiny_run, corpus, tmp_path)
@@ -195,6 +198,7 @@ def test_benchmark_shapes(script, tiny_run: Path, corpus: Path, tmp_path: Path) 
     assert lengths[0] == lengths[1] != lengths[2]
 
 
+@pytest.mark.slow
 def test_benchmark_students(script, fitted_model, fit_pairs, tiny_run: Path, tmp_path: Path,
                             capsys: pytest.CaptureFixture) -> None:
     """A teacher (post-norm 3+3) and a student (pre-norm 3+1) on the tiny run's test split: each run's
@@ -278,6 +282,7 @@ def test_benchmark_export(script, tiny_run: Path, tmp_path: Path) -> None:
     assert len(r["bleu"]) == 5 and all(v > 0 for v in r["size_mb"].values())
 
 
+@pytest.mark.slow
 def test_benchmark_data(script, tmp_path: Path) -> None:
     """Two sizes: one row each, and the memory ratios of the larger against the smaller."""
     out = tmp_path / "data.json"
@@ -325,6 +330,7 @@ def test_benchmark_segmenters(script, tmp_path: Path, monkeypatch: pytest.Monkey
     assert "pip install no-such-package" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_benchmark_serve(script, tiny_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "serve.json"
     main = script("benchmark_serve").main
@@ -335,6 +341,7 @@ def test_benchmark_serve(script, tiny_run: Path, tmp_path: Path) -> None:
     assert r["speedup"] > 0
 
 
+@pytest.mark.slow
 def test_stress_serve_holds_its_criteria(script, tiny_run: Path, tmp_path: Path) -> None:
     """32 clients, eight of them hostile (each starting on another kind of abuse), for two seconds: every
     kind is sent, every well-formed request is served or refused with Retry-After, no 5xx but 503,
@@ -400,6 +407,7 @@ def test_results_table_compares_groups_of_runs(script, tiny_run: Path, tmp_path:
     assert sum(line.startswith(("| a | a", "| b | b")) for line in lines) == 3  # a row per run
     assert lines[-1].startswith("Signatures: BLEU nrefs:1")
 
+@pytest.mark.slow
 def test_back_translation(script, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """The whole recipe on 400 pairs: the halves are disjoint, the synthetic sources are the reverse model's
     translations of the monolingual half, the second run trains on them tagged; one table at the end."""
@@ -458,6 +466,7 @@ def _first_captions(folder: Path, path: Path, n: int) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_adaptation_study(script, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """The four runs on a few hundred pairs (en->fr): (c) starts from (b), (d) mixes Tatoeba in; one
     table of all four on Multi30k's validation set and test split."""
@@ -538,7 +547,8 @@ def test_the_test_command_installs_nothing(tmp_path: Path) -> None:
     assert "browser tests are skipped" in note and "apt-get install chromium" in note
 
 
-def test_ci_prepares_the_browser_then_runs_the_test_command(tmp_path: Path) -> None:
+def test_ci_prepares_the_browser_then_runs_the_test_command_on_every_test(tmp_path: Path) -> None:
+    """CI runs the README's test command with the `slow` tests too, which the command leaves out."""
     checkout, env = _sandbox(tmp_path)
     result = subprocess.run(["bash", ".ci/run"], cwd=checkout, env=env, capture_output=True, text=True,
                             timeout=60)
@@ -546,7 +556,7 @@ def test_ci_prepares_the_browser_then_runs_the_test_command(tmp_path: Path) -> N
     log = (tmp_path / "log").read_text().splitlines()
     installs = ["apt-get install -y -q chromium CI="] if os.getuid() == 0 else []  # only root installs
     assert log == [*installs, "setup.sh", "ruff check transformer_mt tests scripts CI=1",
-                   f"{PYTEST_COMMAND} CI=1"]
+                   f"{PYTEST_COMMAND} -m slow or not slow CI=1"]
 
 
 @pytest.mark.parametrize(("ci", "outcome"), [(None, pytest.skip.Exception), ("", pytest.skip.Exception),
