@@ -239,3 +239,13 @@ def test_kill_9_while_the_teacher_translates_then_again(teacher: Path, student: 
     again = [distill._load_chunk(p) for p in sorted(folder.glob("chunk_*.npz"))]
     whole = [distill._load_chunk(p) for p in sorted(Path(uninterrupted["cache"]).glob("chunk_*.npz"))]
     assert Ragged.concat(again).tolist() == Ragged.concat(whole).tolist()
+
+
+def test_an_ensemble_of_teachers_is_one_value_on_the_command_line(teacher: Path, corpus: Path, tmp_path: Path,
+                                                                   run_cli_here) -> None:
+    """`distill.teacher=a,b` is an ensemble of two teachers, as `checkpoint=a,b` is for translate, not a
+    sweep of two runs (which Hydra would make of the commas)."""
+    overrides = tiny_overrides(corpus, tmp_path / "run", **{"distill.teacher": f"{teacher},{teacher}"})
+    result = run_cli_here("train", *overrides, "--cfg", "job")
+    assert result.returncode == 0, result.stderr
+    assert f"teacher: {teacher},{teacher}\n" in result.stdout

@@ -234,6 +234,9 @@ def _train_relations(cfg: commands.TrainConfig) -> list[str]:
     if cfg.init and cfg.resume:
         found.append(f"init={cfg.init} starts a new run from a trained model, resume={cfg.resume} continues "
                      "a run (a fine-tuning run too, with resume= alone): give one of them")
+    if cfg.distill.init_from_teacher and (not cfg.distill.teacher or "," in cfg.distill.teacher or cfg.init):
+        found.append("distill.init_from_teacher=true starts the student from one teacher's weights: give "
+                     "distill.teacher=<run> (one run, not an ensemble) and no init=")
     if cfg.distill.teacher and len(cfg.dataset.target_languages()) > 1:
         found.append(f"distill.teacher translates into one language; this run's dataset has several "
                      f"({', '.join(cfg.dataset.target_languages())}): distill each direction's run")

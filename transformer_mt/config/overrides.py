@@ -27,6 +27,8 @@ NO_PRECHECK_FLAGS = {"--help", "-h", "--hydra-help", "--shell-completion", "-sc"
 MULTIRUN_FLAGS = {"-m", "--multirun"}
 # Commands whose `checkpoint=a.pt,b.pt` is an ensemble (decoding) rather than Hydra's sweep over files.
 ENSEMBLE_COMMANDS = ("evaluate", "translate", "serve", "score")
+# The key of each command that names an ensemble, comma-separated
+ENSEMBLE_KEYS = {**dict.fromkeys(ENSEMBLE_COMMANDS, "checkpoint"), "train": "distill.teacher"}
 
 
 def named_keys(overrides: Sequence[str]) -> set[str]:
@@ -51,16 +53,16 @@ def split_flags(args: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def ensemble_checkpoints(command: str, overrides: Sequence[str]) -> list[str]:
-    """`checkpoint=a.pt,b.pt` quoted into one value, which decoding reads as an ensemble: Hydra would
-    take the commas for a sweep (and refuse it without -m). A sweep over checkpoints stays possible with
-    `checkpoint=choice(a.pt,b.pt)`; values already quoted or holding quotes are left as they are."""
-    if command not in ENSEMBLE_COMMANDS:
-        return list(overrides)
+    """`checkpoint=a.pt,b.pt` (train's `distill.teacher=a,b`) quoted into one value, which is read as an
+    ensemble: Hydra would take the commas for a sweep (and refuse it without -m). A sweep over them stays
+    possible with `checkpoint=choice(a.pt,b.pt)`; values already quoted or holding quotes are left as
+    they are."""
+    ensemble_key = ENSEMBLE_KEYS.get(command)
     out = []
     for override in overrides:
         key, _, value = override.partition("=")
-        if key == "checkpoint" and "," in value and not re.search(r"['\"()\[\]]", value):
-            override = f"checkpoint='{value}'"
+        if key == ensemble_key and "," in value and not re.search(r"['\"()\[\]]", value):
+            override = f"{key}='{value}'"
         out.append(override)
     return out
 

@@ -268,6 +268,9 @@ class DistillConfig(Section):
     # 1 every original pair once beside its distilled one, 0.5 half of them drawn anew each epoch
     original_weight: float = 0.0
     chunk_pairs: int = 4096  # sources translated and saved at a time: a killed run redoes one chunk at most
+    # The student starts from the teacher's weights (one teacher, pre-norm; its width and everything but the
+    # depths are the teacher's): training/student_init.py
+    init_from_teacher: bool = False
 
 
 @dataclass

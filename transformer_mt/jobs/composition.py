@@ -163,6 +163,10 @@ def _checked(command: str, overrides: Sequence[str], job_num: int | None, comple
         from transformer_mt.training import finetune
 
         finetune.check_config(typed, finetune.load_parent(typed.init, mmap=True)[1])
+    if command == "train" and typed.distill.init_from_teacher and not typed.resume:  # the teacher's model
+        from transformer_mt.training import finetune, student_init
+
+        student_init.check_config(typed, finetune.load_parent(typed.distill.teacher, mmap=True)[1])
     return cfg, typed
 
 

@@ -55,9 +55,10 @@ def _with_parent(overrides: Sequence[str]) -> list[str]:
 
 def _with_teacher(overrides: Sequence[str]) -> list[str]:
     """`distill.teacher=<run>[,<run>...]`: the (first) teacher's tokenizer keys before the overrides given,
-    whose `tokenizer=` choice must agree with them: a student keeps its teacher's tokenizer."""
-    given = [o.split("=", 1)[1] for o in overrides if o.startswith("distill.teacher=")]
-    teachers = [t.strip() for t in (given[-1] if given else "").split(",") if t.strip()]
+    whose `tokenizer=` choice must agree with them: a student keeps its teacher's tokenizer; with
+    distill.init_from_teacher=true, its model keys but the depths too (training/student_init.py)."""
+    given = [o.split("=", 1)[1].strip("'\"") for o in overrides if o.startswith("distill.teacher=")]
+    teachers = [t.strip() for t in (given[-1] if given else "").split(",") if t.strip()]  # (quoted: cli.py)
     if not teachers or teachers[0] == "null":
         return list(overrides)
     for teacher in teachers:
@@ -70,7 +71,18 @@ def _with_teacher(overrides: Sequence[str]) -> list[str]:
     if problems:
         raise ConfigError(f"distill.teacher={given[-1]}: {'; '.join(problems)}; a student keeps its "
                           "teacher's tokenizer: drop that choice")
-    return [*finetune.parent_overrides(state, ("tokenizer",)), *overrides]
+    inherited = finetune.parent_overrides(state, ("tokenizer",))
+    if any(o.lower() == "distill.init_from_teacher=true" for o in overrides):  # its model too, but the depths
+        from transformer_mt.training.student_init import DEPTHS
+
+        depth = tuple(f"model.{key}=" for key in DEPTHS)
+        problems = [p for p in finetune.group_contradictions(state, overrides, ("model",))
+                    if not p.startswith(depth)]
+        if problems:
+            raise ConfigError(f"distill.init_from_teacher=true: {'; '.join(problems)}; a student started "
+                              "from its teacher keeps all but its depths: drop that choice")
+        inherited += [o for o in finetune.parent_overrides(state, ("model",)) if not o.startswith(depth)]
+    return [*inherited, *overrides]
 
 
 def _upgraded(saved: Sequence[str]) -> list[str]:

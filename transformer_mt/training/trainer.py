@@ -35,7 +35,7 @@ from transformer_mt.decoding.metrics import improves
 from transformer_mt.errors import TrainingError
 from transformer_mt.runtime.device import compiled, pad_to_multiple
 from transformer_mt.runtime.rng import rng_state, set_rng_state
-from transformer_mt.training import distributed, ema, finetune, loss
+from transformer_mt.training import distributed, ema, finetune, loss, student_init
 from transformer_mt.training.clock import Interrupt, TrainingClock
 from transformer_mt.training.optim import build_optimizer, build_scheduler
 from transformer_mt.training.records import RunRecords, Window, hparams
@@ -105,6 +105,8 @@ class Trainer:
             self._restore(start.state)
         elif start.parent:
             finetune.start_from(start.parent, self.model, self.ema)
+        elif cfg.distill.init_from_teacher:
+            student_init.start_from_teacher(cfg, self.model, self.ema)
         # Weights are loaded before DDP wraps the model: it sends rank 0's to every rank.
         forward = compiled(self.model, self.epochs.pad_to_multiple) if cfg.device.compile else self.model
         self.steps = TrainStep(distributed.wrap(forward, self.world, self.device), self.model, self.optimizer,
