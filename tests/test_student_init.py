@@ -50,7 +50,7 @@ def _model(seed: int, **shape: object) -> Transformer:
 
 
 def _started(teacher: Transformer, **depths: int) -> Transformer:
-    student = _model(1, **{**{k: v for k, v in dataclasses.asdict(teacher.config).items()}, **depths})
+    student = _model(1, **{**dataclasses.asdict(teacher.config), **depths})
     theirs = {k: getattr(teacher.config, k) for k in student_init.DEPTHS}
     ours = {k: getattr(student.config, k) for k in student_init.DEPTHS}
     student.load_state_dict(student_weights(teacher.state_dict(), ours, theirs))

@@ -30,11 +30,11 @@ from transformer_mt.training import finetune
 from transformer_mt.training.ema import WeightAverage
 
 log = logging.getLogger(__name__)
-DEPTHS = ("encoder_layers", "decoder_layers")
-STACKS = {"encoder": "encoder_layers", "decoder": "decoder_layers"}
+STACKS = {"encoder": "encoder_layers", "decoder": "decoder_layers"}  # each stack and its depth's key
+DEPTHS = tuple(STACKS.values())
 # A layer's sublayer outputs: zero, and the pre-norm layer adds nothing to its input
 OUTPUTS = ("self_attn.out_proj.", "cross_attn.out_proj.", "feed_forward.linear2.")
-_LAYER = re.compile(r"^(encoder|decoder)\.layers\.(\d+)\.(.+)$")
+_LAYER = re.compile(r"^(encoder|decoder)\.layers\.")  # a stack's layer's weight
 
 
 def layer_map(student: int, teacher: int) -> list[tuple[int, bool]]:
