@@ -183,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sys.argv = ["transformer-mt", *_join_process_group(world, rest)]
         _hydra_main(command, extras)()
+        # The ranks leave together: rank 0 still writes the shortlist and calibrates after training, and a
+        # rank that tore down its gloo group meanwhile could abort at exit. (Where a rank fails, torchrun
+        # stops the others.)
+        distributed.barrier()
     finally:
         distributed.shutdown()
     return 0

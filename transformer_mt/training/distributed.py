@@ -79,6 +79,12 @@ def init(world: World) -> None:
     dist.init_process_group(backend=backend, rank=world.rank, world_size=world.size, timeout=TIMEOUT)
 
 
+def barrier() -> None:
+    """Wait until every rank of the process group (if any) is here."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
 def shutdown() -> None:
     """Leave the process group (if any), so the process exits without warnings."""
     if dist.is_available() and dist.is_initialized():
