@@ -108,8 +108,11 @@ def test_kill_9_then_resume_is_bit_exact(regularised_run: Path, corpus: Path, tm
             assert torch.equal(expected[key][name], got[key][name]), f"{key}.{name} differs after resume"
 
 
-@pytest.mark.parametrize(("kill_after_step", "variant"), [(3, "plain"), (14, "planned"), (14, "finetuned"),
-                                                       (14, "distilled")])
+# The plain run in the quick suite; the planned, fine-tuned and distilled ones, each a longer run and
+# fixture of its own, under `slow` (CI runs them).
+@pytest.mark.parametrize(("kill_after_step", "variant"), [
+    (3, "plain"), *(pytest.param(14, variant, marks=pytest.mark.slow)
+                    for variant in ("planned", "finetuned", "distilled"))])
 def test_kill_9_then_resume_on_the_command_line_is_bit_exact(request: pytest.FixtureRequest, corpus: Path,
                                                              tmp_path: Path, kill_after_step: int,
                                                              variant: str, run_cli_here) -> None:
