@@ -94,7 +94,7 @@ def test_onnx_runtime_greedy_is_ours_token_for_token(onnx_dir: Path, fitted: Pat
     agreement = sacrebleu.corpus_chrf(int8, [expected]).score  # int8 rounds near ties otherwise
     print(f"int8 vs float32: chrF {agreement:.1f}, {sum(a == b for a, b in zip(int8, expected))} identical")
     # ONNX Runtime's int8 kernels round by the CPU's instruction set (AVX2 without VNNI more than
-    # AVX-512): the floor holds on every CPU the suite runs on; a broken graph scores far below it.
+    # AVX-512), so the floor leaves room for AVX2 machines; a broken graph scores far below it.
     assert agreement >= 60, agreement
 
 
