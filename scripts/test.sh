@@ -11,6 +11,10 @@ if [ ! -x "${TMT_CHROMIUM:-/usr/bin/chromium}" ]; then
 fi
 command -v npm >/dev/null || echo "note: no npm, so the format=web tests are skipped; to run them: apt-get install npm (Debian)"
 ruff check transformer_mt tests scripts
+# pytest caches the test modules it rewrites (and Python the package's modules) as bytecode; an environment
+# that turns that off (PYTHONDONTWRITEBYTECODE, set in many container images) has each worker and each
+# command a test starts compile them again. The caches go to __pycache__ folders git ignores.
+unset PYTHONDONTWRITEBYTECODE
 # One pytest-xdist worker per core (TMT_TEST_WORKERS=N to choose, 0 for none); a test file stays on one
 # worker, so that its module fixtures (a server, a prepared corpus) are built once. The files go to the
 # workers in collection order (the longest first: tests/conftest.py), not in pytest-xdist's own order of

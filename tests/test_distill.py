@@ -211,6 +211,9 @@ def test_teacher_weights_decide_the_cache(engine: Translator, teacher: Path, tin
             bias -= 1.0
 
 
+# Two processes and a whole chunked translation: under `slow` (CI runs it); the chunks' resumption runs in
+# the quick suite in this process (test_a_killed_translation_resumes_without_translating_a_chunk_twice).
+@pytest.mark.slow
 def test_kill_9_while_the_teacher_translates_then_again(teacher: Path, student: Path, corpus: Path,
                                                          tmp_path: Path) -> None:
     """As a user would: a run killed (SIGKILL) while its teacher translates, started again with the same

@@ -43,6 +43,9 @@ def _losses(run_dir: Path) -> list[tuple[int, float]]:
     return [(e.step, e.value) for e in acc.Scalars("train/loss")]
 
 
+# Two torchrun launches of two ranks each take both cores for the time of several quick files: under
+# `slow` (CI runs it); how a step is split and counted across ranks runs in the quick suite below.
+@pytest.mark.slow
 def test_ddp_matches_one_process_with_the_same_global_batch(tmp_path: Path, corpus: Path) -> None:
     """Per-step losses and final weights of 2 ranks (1 epoch, then resumed for a 2nd) equal those of
     one process accumulating 2 batches per step for 2 epochs."""

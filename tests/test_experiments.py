@@ -32,7 +32,10 @@ def test_recipe_composes(experiment: str) -> None:
         assert cfg.model.d_model == 512 and cfg.device.name == "cuda"
 
 
-@pytest.mark.parametrize("experiment", EXPERIMENTS)
+# The GPU recipes' base model takes seconds to build, step and save on a CPU: their runs under `slow` (CI runs
+# them); their composition is checked above in the quick suite.
+@pytest.mark.parametrize("experiment", [pytest.param(e, marks=pytest.mark.slow) if e.endswith("_gpu") else e
+                                        for e in EXPERIMENTS])
 def test_recipe_trains_a_few_steps_on_cpu(experiment: str, tmp_path: Path, corpus: Path) -> None:
     """The recipe's own model and schedule (planned for a short budget where the recipe plans), on a
     sliver of data (three steps of the GPU recipes' base model), so it fits in seconds. The Tatoeba
