@@ -10,10 +10,18 @@ TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 [ -d .venv ] || "$PYTHON" -m venv .venv
 # shellcheck disable=SC1091
 source .venv/bin/activate
-python -m pip install -q --upgrade pip
-# torch first and pinned: otherwise pip resolves `torch>=2.6` to a multi-GB CUDA build.
-python -m pip install -q "$TORCH_SPEC"
-python -m pip install -q -e ".[dev,ct2,hf,onnx,serve,sweep,slurm]"
+# pip runs again only when pyproject.toml or the torch build asked for changed since it last ran here (the
+# package is installed editable, so its own modules need no reinstall): the test command calls this script
+# before every run.
+stamp=.venv/.installed
+wanted="$(sha256sum pyproject.toml | cut -d' ' -f1) $TORCH_SPEC"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
+  python -m pip install -q --upgrade pip
+  # torch first and pinned: otherwise pip resolves `torch>=2.6` to a multi-GB CUDA build.
+  python -m pip install -q "$TORCH_SPEC"
+  python -m pip install -q -e ".[dev,ct2,hf,onnx,serve,sweep,slurm]"
+  echo "$wanted" > "$stamp"
+fi
 
 # The Tatoeba corpus: copied from ../shared/data when it is there, otherwise downloaded once.
 mkdir -p data

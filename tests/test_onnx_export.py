@@ -47,17 +47,27 @@ def fitted(request: pytest.FixtureRequest, fitted_model, tmp_path_factory: pytes
 EXPORTED = [("blorpt", "le chat noir"), ("Zorblax machine", "machine à laver")]
 
 
+# The page's code is one for both architectures, and the graphs it runs are checked for both above, without
+# it: the page runs the pre-norm model (what the plan trains) in the quick suite, the post-norm one under
+# `slow` (CI runs it).
+@pytest.fixture(scope="module", params=["pegasus", pytest.param("marian", marks=pytest.mark.slow)])
+def page_fitted(request: pytest.FixtureRequest, fitted_model,
+                tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fitted model of each architecture, for the page."""
+    return fitted_model(request.param, tmp_path_factory.mktemp(f"page-{request.param}"))
+
+
 @pytest.fixture(scope="module")
-def web_dir(fitted: Path) -> Path:
+def web_dir(page_fitted: Path) -> Path:
     """format=web's folder of the fitted model, with a glossary; its models/model is format=onnx's
     directory."""
     if shutil.which("npm") is None:
         missing("no npm: format=web fetches Transformers.js with it (apt-get install npm)")
     from transformer_mt.interop.web import export_web
 
-    terms = fitted / "terms.tsv"
+    terms = page_fitted / "terms.tsv"
     terms.write_text("".join(f"{s}\t{t}\n" for s, t in EXPORTED), encoding="utf-8")
-    return export_web(fitted, fitted / "page", glossary=terms)
+    return export_web(page_fitted, page_fitted / "page", glossary=terms)
 
 
 @pytest.fixture(scope="module")
@@ -98,14 +108,14 @@ def test_onnx_runtime_greedy_is_ours_token_for_token(onnx_dir: Path, fitted: Pat
     assert agreement >= 60, agreement
 
 
-def test_an_existing_output_dir_is_refused_unless_overwrite(web_dir: Path, fitted: Path) -> None:
+def test_an_existing_output_dir_is_refused_unless_overwrite(web_dir: Path, page_fitted: Path) -> None:
     from transformer_mt.interop.onnx import export_onnx
     from transformer_mt.interop.web import export_web
 
     for export in (export_onnx, export_web):
         before = sorted(p.name for p in web_dir.rglob("*"))
         with pytest.raises(ExportError, match="overwrite=true") as info:
-            export(fitted, web_dir)
+            export(page_fitted, web_dir)
         assert "\n" not in str(info.value) and sorted(p.name for p in web_dir.rglob("*")) == before
 
 
@@ -182,7 +192,7 @@ def one_sentence(text: str) -> bool:
 
 @pytest.mark.browser
 def test_the_page_splits_and_keeps_spans_as_the_document_translator(
-        fitted: Path, chromium_page, fit_pairs: tuple[list[str], list[str]]) -> None:
+        page_fitted: Path, chromium_page, fit_pairs: tuple[list[str], list[str]]) -> None:
     """Lines of several sentences with a number and an e-mail address, and an ALL CAPS one: the page
     gives DocumentTranslator's translation of each (the same model, greedy in both)."""
     plain = [s for s in fit_pairs[0][-150:] if one_sentence(s)][:8]
@@ -191,7 +201,7 @@ def test_the_page_splits_and_keeps_spans_as_the_document_translator(
     lines += [f"{plain[0].upper()} CALL 0585738843 AT 10:30.", "", f"\n{plain[1]}\n\n{plain[2]} "]
     page, _ = chromium_page
     shown = page.evaluate("([texts, fold]) => window.translateTexts(texts, fold)", [lines, True])
-    engine = Translator.from_checkpoint(fitted, device="cpu", amp="off", decoding=GREEDY)
+    engine = Translator.from_checkpoint(page_fitted, device="cpu", amp="off", decoding=GREEDY)
     docs = DocumentTranslator(engine, DocumentConfig(), src_lang="en")
     expected = [n[0].text for n in docs.translate_nbest(lines, input_case="fold")]
     assert shown["sentences"] == docs.tally.sentences == 4 * 4 + 2 + 2
@@ -203,7 +213,7 @@ def test_the_page_splits_and_keeps_spans_as_the_document_translator(
 
 @pytest.mark.browser
 def test_the_pages_button_translates_what_is_typed_in_all_caps(
-        fitted: Path, chromium_page, fit_pairs: tuple[list[str], list[str]]) -> None:
+        page_fitted: Path, chromium_page, fit_pairs: tuple[list[str], list[str]]) -> None:
     """Through the page as a person uses it: ALL CAPS text of two sentences with a number typed into the
     box, the button clicked; the box below shows DocumentTranslator's translation (folded as
     `transformer-mt translate` folds it), and the status line counts the sentences and spans."""
@@ -216,7 +226,7 @@ def test_the_pages_button_translates_what_is_typed_in_all_caps(
                            timeout=60_000)
     shown = page.eval_on_selector("#target", "e => e.value")
     status = page.text_content("#status") or ""
-    engine = Translator.from_checkpoint(fitted, device="cpu", amp="off", decoding=GREEDY)
+    engine = Translator.from_checkpoint(page_fitted, device="cpu", amp="off", decoding=GREEDY)
     docs = DocumentTranslator(engine, DocumentConfig(), src_lang="en")
     assert shown == docs.translate_nbest([typed], input_case="fold")[0][0].text
     assert shown == shown.upper() and "45" in shown  # written back in the case it was typed in
@@ -252,12 +262,12 @@ WITH_TERMS = """async ([targets, cases, texts, pasted]) => {
 
 @pytest.mark.browser
 def test_the_page_translates_with_a_glossary_as_greedy_search_with_terms(
-        web_dir: Path, fitted: Path, chromium_page, fit_pairs: tuple[list[str], list[str]]) -> None:
+        web_dir: Path, page_fitted: Path, chromium_page, fit_pairs: tuple[list[str], list[str]]) -> None:
     """Sentences with one and two terms (several subwords, several words): the page's search, with and
     without its key/value cache, writes the tokens PyTorch's greedy search with terms writes; the page
     finds the exported glossary's and the pasted lines' source terms where Glossary.find does, and
     translates texts holding them as that search does."""
-    engine = Translator.from_checkpoint(fitted, device="cpu", amp="off", decoding=GREEDY)
+    engine = Translator.from_checkpoint(page_fitted, device="cpu", amp="off", decoding=GREEDY)
     cases = glossary_cases((fit_pairs[0][-150:], fit_pairs[1][-150:]), engine)
     assert len(cases) == 8
     variants = {t: term_variants(engine.vocab, t) for _, terms in cases for t in terms}
@@ -297,7 +307,7 @@ def test_the_page_translates_with_a_glossary_as_greedy_search_with_terms(
     plain = decode_ids(engine.model, engine.encode([s for s, _ in cases]), GREEDY, engine.device)
     changed = sum(t is not None and t != p[0].tokens for t, p in zip(tokens, plain))
     assert changed >= 4  # the terms changed them
-    glossary = Glossary.read(fitted / "terms.tsv").merged(Glossary.of(pasted_pairs))
+    glossary = Glossary.read(page_fitted / "terms.tsv").merged(Glossary.of(pasted_pairs))
     for text, found in zip(texts, shown["found"], strict=True):
         assert found == [{"start": m.start, "end": m.end, "source": m.entry.source, "target": m.entry.target}
                          for m in glossary.find(text)], text
@@ -311,13 +321,13 @@ def test_the_page_translates_with_a_glossary_as_greedy_search_with_terms(
 
 @pytest.mark.browser
 def test_the_page_rates_each_sentence_as_the_translator_does(
-        fitted: Path, chromium_page, fit_pairs: tuple[list[str], list[str]]) -> None:
+        page_fitted: Path, chromium_page, fit_pairs: tuple[list[str], list[str]]) -> None:
     """The page's confidences, from the probabilities its greedy search computed as it went, against the
     Translator's from its forced pass (no calibration: the model's own probabilities, words and all)."""
     sources = fit_pairs[0][-12:]
     page, _ = chromium_page
     shown = page.evaluate("(s) => window.rateSentences(s)", sources)
-    engine = Translator.from_checkpoint(fitted, device="cpu", amp="off", decoding=GREEDY)
+    engine = Translator.from_checkpoint(page_fitted, device="cpu", amp="off", decoding=GREEDY)
     expected = [n[0] for n in engine.translate_nbest(sources, input_case="model")]
     assert engine.rater.calibration is None
     for got, t in zip(shown, expected, strict=True):
