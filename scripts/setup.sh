@@ -14,7 +14,7 @@ source .venv/bin/activate
 # package is installed editable, so its own modules need no reinstall): the test command calls this script
 # before every run.
 stamp=.venv/.installed
-wanted="$(sha256sum pyproject.toml | cut -d' ' -f1) $TORCH_SPEC"
+wanted="$(cksum < pyproject.toml) $TORCH_SPEC"  # cksum: POSIX, on macOS too
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
   python -m pip install -q --upgrade pip
   # torch first and pinned: otherwise pip resolves `torch>=2.6` to a multi-GB CUDA build.
