@@ -37,14 +37,14 @@ FIXTURES = ROOT / "tests" / "fixtures"
 # The files whose tests take longest, longest first (by CPU time: with a worker on each core, their time):
 # scripts/test.sh has pytest-xdist (--dist loadfile --no-loadscope-reorder) hand files to its workers in
 # collection order, so the long ones start first and the short ones fill in after them.
-LONGEST_FIRST = ("test_onnx_export.py", "test_faults.py", "test_plan.py", "test_distill.py",
-                 "test_copy_variants.py", "test_sweep.py", "test_serve_requests.py", "test_finetune.py",
-                 "test_segmentation.py", "test_budget_and_averaging.py", "test_hf_directory.py",
-                 "test_constraints.py", "test_variants.py", "test_scripts.py", "test_serve.py",
-                 "test_gpu_ready.py", "test_export.py", "test_run_directory.py", "test_languages.py",
-                 "test_confidence.py", "test_data.py", "test_web_glossary.py", "test_checkpoint_checks.py",
-                 "test_serve_isolation.py", "test_layout.py", "test_cli.py", "test_experiments.py",
-                 "test_train.py", "test_student_shapes.py", "test_mixture.py")
+LONGEST_FIRST = ("test_onnx_export.py", "test_distill.py", "test_faults.py", "test_plan.py",
+                 "test_finetune.py", "test_copy_variants.py", "test_hf_directory.py", "test_segmentation.py",
+                 "test_serve_requests.py", "test_sweep.py", "test_constraints.py", "test_serve.py",
+                 "test_budget_and_averaging.py", "test_variants.py", "test_run_directory.py", "test_data.py",
+                 "test_export.py", "test_layout.py", "test_web_glossary.py", "test_confidence.py",
+                 "test_languages.py", "test_checkpoint_checks.py", "test_serve_isolation.py", "test_cli.py",
+                 "test_documents_cli.py", "test_train.py", "test_documents_formats.py", "test_experiments.py",
+                 "test_scripts.py", "test_decoding_features.py", "test_score.py", "test_glossary_use.py")
 
 
 def script_module(name: str) -> Any:

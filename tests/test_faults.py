@@ -82,10 +82,11 @@ def distilled_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path, teache
 
 
 def test_kill_9_then_resume_is_bit_exact(regularised_run: Path, corpus: Path, tmp_path: Path,
-                                         caplog: pytest.LogCaptureFixture) -> None:
-    """Killed in its second epoch and resumed in this process, a run with a weight average (EMA) and
-    BPE-dropout ends with the uninterrupted run's trained and averaged weights. (The plain, planned and
-    fine-tuned runs: on the command line below.)"""
+                                         run_cli_here) -> None:
+    """Killed in its second epoch and resumed by `transformer-mt train resume=<dir>` (the command line's
+    entry point, in this process: the lock the killed one held is free again), a run with a weight average
+    (EMA), BPE-dropout and input variants ends with the uninterrupted run's trained and averaged weights
+    and validation records. (The plain, planned, fine-tuned and distilled runs: below, under `slow`.)"""
     kill_after_step = 14
     assert kill_after_step < 2 * load_checkpoint(regularised_run / "epoch_001.pt")["step"]
     run_dir = tmp_path / "killed"
@@ -98,21 +99,27 @@ def test_kill_9_then_resume_is_bit_exact(regularised_run: Path, corpus: Path, tm
     expected = load_checkpoint(regularised_run / "epoch_002.pt")
     assert killed_at < expected["step"], "the run finished before it was killed"
 
-    with caplog.at_level("INFO"):
-        tmt.train([f"resume={run_dir}"])  # in this process: the same computation, bit for bit
-    assert f"step {killed_at}, lr" in caplog.text  # continued where it was
+    resumed = run_cli_here("train", f"resume={run_dir}")  # the same computation, bit for bit
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"step {killed_at}, lr" in (run_dir / "train.log").read_text()  # continued where it was
     got = load_checkpoint(run_dir / "epoch_002.pt")
     for key in ("model", TRAINED):  # the average, and the trained weights
         assert expected[key].keys() == got[key].keys()
         for name in expected[key]:
             assert torch.equal(expected[key][name], got[key][name]), f"{key}.{name} differs after resume"
+    assert _validated_steps(run_dir) == _validated_steps(regularised_run)
 
 
-# The plain run in the quick suite; the planned, fine-tuned and distilled ones, each a longer run and
-# fixture of its own, under `slow` (CI runs them).
+def _validated_steps(run_dir: Path) -> list[int]:
+    """The steps of a run's validation records (metrics.jsonl): each once, as the uninterrupted run's."""
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+# Each a run and a new process of its own, under `slow` (CI runs them): the regularised run above, killed
+# in its second epoch and resumed through the same entry point, is the quick suite's.
+@pytest.mark.slow
 @pytest.mark.parametrize(("kill_after_step", "variant"), [
-    (3, "plain"), *(pytest.param(14, variant, marks=pytest.mark.slow)
-                    for variant in ("planned", "finetuned", "distilled"))])
+    (3, "plain"), *((14, variant) for variant in ("planned", "finetuned", "distilled"))])
 def test_kill_9_then_resume_on_the_command_line_is_bit_exact(request: pytest.FixtureRequest, corpus: Path,
                                                              tmp_path: Path, kill_after_step: int,
                                                              variant: str, run_cli_here) -> None:
@@ -145,9 +152,7 @@ def test_kill_9_then_resume_on_the_command_line_is_bit_exact(request: pytest.Fix
     assert ("the run's plan, as it was made" in log) == (variant == "planned")  # reused, not made again
     for name in expected["model"]:
         assert torch.equal(expected["model"][name], got["model"][name]), f"{name} differs after resume"
-    steps = [[json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-             for run in (reference_run, run_dir)]
-    assert steps[0] == steps[1]
+    assert _validated_steps(run_dir) == _validated_steps(reference_run)
 
 
 def test_a_resumed_run_reads_its_checkpoint_once(reference_run: Path, tmp_path: Path,
@@ -195,6 +200,7 @@ def test_a_run_saved_with_old_key_names_resumes(reference_run: Path, tmp_path: P
     assert tmt.compose("train", overrides).decoding.beam_size == 2
 
 
+@pytest.mark.slow  # a process of its own; the sweep's Ctrl-C below (a job saved, the same line) is quick
 def test_sigint_saves_a_checkpoint_and_says_how_to_resume(corpus: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "interrupted"
     log_file = tmp_path / "run.log"
@@ -290,7 +296,8 @@ def test_unwritable_run_directory_fails_before_training(tmp_path: Path) -> None:
 
 
 def test_sigint_stops_a_whole_sweep(corpus: Path, tmp_path: Path) -> None:
-    """In a multirun, Ctrl-C saves the running job and does not go on to start the next ones."""
+    """In a multirun, Ctrl-C saves the running job where it was, says how to resume it, and does not go on
+    to start the next ones."""
     log_file = tmp_path / "sweep.log"
     settings = {**FAULT_RUN, "training.save_every_steps": 0, "training.epochs": 50}
     overrides = [o for o in tiny_overrides(corpus, tmp_path / "unused", **settings)
@@ -300,7 +307,11 @@ def test_sigint_stops_a_whole_sweep(corpus: Path, tmp_path: Path) -> None:
     wait_for_log(log_file, "step 2 (", proc)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
-    assert "sweep interrupted" in log_file.read_text()
+    out = log_file.read_text()
+    assert "sweep interrupted" in out
     jobs = sorted(p.name for p in (tmp_path / "root" / "sweeps").glob("*/*") if p.is_dir())
     assert jobs == ["0"]
-    assert load_checkpoint(next((tmp_path / "root" / "sweeps").glob("*/0")) / "latest.pt")["step"] >= 2
+    job_dir = next((tmp_path / "root" / "sweeps").glob("*/0"))
+    assert f"continue with: transformer-mt train resume={job_dir.resolve()}" in out
+    state = load_checkpoint(job_dir / "latest.pt")
+    assert state["batch_in_epoch"] > 0 and state["step"] >= 2

@@ -123,6 +123,7 @@ def real_train_split(tmp_path_factory: pytest.TempPathFactory, corpus: Path):  #
     return distributed.prepare_data(cfg.dataset, cfg.tokenizer, run_dir, None, distributed.current()).train
 
 
+@pytest.mark.slow  # a real corpus and vocabulary to build; the sampler's rules are checked above on sizes
 def test_an_epoch_of_the_real_corpus_has_few_shapes_with_the_gpu_setting(real_train_split) -> None:  # noqa: ANN001
     split, batch_tokens = real_train_split, 4096  # about 100 batches an epoch
     found = {}

@@ -179,6 +179,7 @@ def test_benchmark_decoding(script, tiny_run: Path, tmp_path: Path) -> None:
         assert r["ct2_int8_beam5_sent_s"] > 0 and r["int8_beam5_vs_ct2_int8"] > 0
 
 
+@pytest.mark.slow
 def test_benchmark_shapes(script, tiny_run: Path, corpus: Path, tmp_path: Path) -> None:
     """The tiny run's shape against a deeper encoder and one decoder layer, and one with a tokenizer of
     its own (trained on the corpus); the CPU clock, one round."""
@@ -267,6 +268,7 @@ def test_measure_stand_ins(script, tiny_run: Path, tmp_path: Path) -> None:
     assert all(0 <= rate <= 1 for kinds in rates.values() for rate in kinds.values())
 
 
+@pytest.mark.slow
 def test_benchmark_export(script, tiny_run: Path, tmp_path: Path) -> None:
     """Every engine's speed, parity and BLEU, and each format's size, from one call (needs the extras)."""
     require("optimum.exporters.onnx")

@@ -109,6 +109,7 @@ def test_multirun_compares_its_jobs(tmp_path: Path, corpus: Path, run_cli_here: 
     assert table in result.stdout  # printed too
 
 
+@pytest.mark.slow  # three trials; the quick suite's sweep is the basic sweeper's (the same job, compared)
 @pytest.mark.filterwarnings("ignore::DeprecationWarning:optuna.*")  # its SQLAlchemy 1.x idioms
 def test_optuna_sweep_maximises_bleu_in_three_trials(tmp_path: Path, corpus: Path,
                                                      run_cli_here: Callable[..., Any]) -> None:
