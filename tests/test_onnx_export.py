@@ -50,8 +50,8 @@ EXPORTED = [("blorpt", "le chat noir"), ("Zorblax machine", "machine à laver")]
 
 
 # The page's code is one for both architectures, and the graphs it runs are checked for both above, without
-# it: the page runs the pre-norm model (what the plan trains) in the quick suite, the post-norm one under
-# `slow` (CI runs it).
+# it: the page runs the pre-norm model (what the plan trains) in the quick suite, the post-norm one (like
+# its graphs above) under `slow` (CI runs it).
 @pytest.fixture(scope="module", params=["pegasus", pytest.param("marian", marks=pytest.mark.slow)])
 def page_fitted(request: pytest.FixtureRequest, fitted_model,
                 tmp_path_factory: pytest.TempPathFactory) -> Path:
